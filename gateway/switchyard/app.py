@@ -1,0 +1,89 @@
+"""The Litestar application: routes, DI of the gateway state, and start-up.
+
+The HTTP port opens at once so that liveness can be probed, and the model
+loads on a worker thread; `/health` turns 200 only when loading and warmup
+are done (readiness), and generation routes answer 503 until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from switchyard import __version__
+from switchyard.models.loader import load_model
+from switchyard.models.served import ServedModel
+from switchyard.plugins import PluginHost
+from switchyard.routes import ops, openai, tgi
+from switchyard.settings import ServeSettings
+from switchyard.state import Gateway
+
+log = logging.getLogger("switchyard")
+
+ModelLoader = Callable[[ServeSettings, PluginHost], ServedModel]
+
+
+def create_app(
+    settings: ServeSettings,
+    plugins: PluginHost | None = None,
+    loader: ModelLoader = load_model,
+    on_startup_failure: Callable[[], None] | None = None,
+) -> Litestar:
+    """Build the app; the model named by `settings` loads when the app starts.
+
+    `on_startup_failure` runs if the model cannot be loaded (the CLI exits then).
+    """
+    gateway = Gateway(settings=settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        host = plugins or PluginHost.from_entry_points()
+        task = asyncio.create_task(_load(gateway, host, loader, on_startup_failure))
+        try:
+            yield
+        finally:
+            task.cancel()
+            for model in gateway.registry.models():
+                await asyncio.to_thread(model.engine.shutdown)
+
+    return Litestar(
+        route_handlers=[ops.router, tgi.router, openai.router],
+        dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False)},
+        lifespan=[lifespan],
+        request_max_body_size=settings.payload_limit,
+        cors_config=CORSConfig(allow_methods=["GET", "POST"], allow_headers=["content-type"]),
+        openapi_config=OpenAPIConfig(
+            title="Switchyard",
+            version=__version__,
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin(path="/")],
+        ),
+        state={"gateway": gateway},
+    )
+
+
+async def _load(
+    gateway: Gateway,
+    plugins: PluginHost,
+    loader: ModelLoader,
+    on_failure: Callable[[], None] | None,
+) -> None:
+    try:
+        model = await asyncio.to_thread(loader, gateway.settings, plugins)
+    except Exception as exc:  # reported by /health and the 503s, and in the log
+        log.exception("start-up failed")
+        gateway.startup_error = f"{exc.__class__.__name__}: {exc}"
+        if on_failure is not None:
+            on_failure()
+        return
+    gateway.registry.add(model)
+    gateway.ready = True
+    log.info("ready: serving %s", model.name)

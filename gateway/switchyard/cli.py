@@ -1,0 +1,111 @@
+"""`switchyard serve` and `switchyard plugins`.
+
+Flags keep TGI's launcher names (and their environment variables), so a TGI
+command line works here unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from switchyard import __version__
+from switchyard.settings import ServeSettings
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group()
+@click.version_option(__version__, prog_name="switchyard")
+def main() -> None:
+    """Switchyard: serve LLMs over the OpenAI and TGI APIs."""
+
+
+@main.command()
+@click.option("--model-id", envvar="MODEL_ID", default=None,
+              help="Local folder or hub id (from the local cache). Default: a small built-in model.")
+@click.option("--served-model-name", envvar="SERVED_MODEL_NAME", default=None,
+              help="Name clients send as `model`; defaults to the model id.")
+@click.option("--revision", envvar="REVISION", default=None)
+@click.option("--engine", envvar="SWITCHYARD_ENGINE", default=None,
+              help="Engine to use (see `switchyard plugins`); default: the best available.")
+@click.option("--hostname", envvar="HOSTNAME", default="0.0.0.0", show_default=True)
+@click.option("-p", "--port", envvar="PORT", type=int, default=8080, show_default=True)
+@click.option("--dtype", envvar="DTYPE", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--quantize", envvar="QUANTIZE", default=None)
+@click.option("--max-input-tokens", "--max-input-length", envvar="MAX_INPUT_TOKENS", type=int,
+              default=0, help="Default: max-total-tokens - 1.")
+@click.option("--max-total-tokens", envvar="MAX_TOTAL_TOKENS", type=int, default=0,
+              help="Default: min(max_position_embeddings, 4096).")
+@click.option("--max-concurrent-requests", envvar="MAX_CONCURRENT_REQUESTS", type=int,
+              default=128, show_default=True)
+@click.option("--max-best-of", envvar="MAX_BEST_OF", type=int, default=2, show_default=True)
+@click.option("--max-stop-sequences", envvar="MAX_STOP_SEQUENCES", type=int, default=4,
+              show_default=True)
+@click.option("--max-top-n-tokens", envvar="MAX_TOP_N_TOKENS", type=int, default=5,
+              show_default=True)
+@click.option("--max-client-batch-size", envvar="MAX_CLIENT_BATCH_SIZE", type=int, default=4,
+              show_default=True)
+@click.option("--max-batch-size", envvar="MAX_BATCH_SIZE", type=int, default=0)
+@click.option("--max-batch-prefill-tokens", envvar="MAX_BATCH_PREFILL_TOKENS", type=int, default=0)
+@click.option("--max-batch-total-tokens", envvar="MAX_BATCH_TOTAL_TOKENS", type=int, default=0)
+@click.option("--payload-limit", envvar="PAYLOAD_LIMIT", type=int, default=2_000_000,
+              show_default=True)
+@click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(**options: object) -> None:
+    """Load a model, warm it up and serve the OpenAI and TGI APIs."""
+    import uvicorn
+
+    from switchyard.app import create_app
+
+    settings = ServeSettings(**options)  # type: ignore[arg-type]
+    _setup_logging(settings.log_level)
+
+    def stop_on_failure() -> None:
+        # A server that cannot load its model should exit, as TGI's launcher does.
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = create_app(settings, on_startup_failure=stop_on_failure)
+    uvicorn.run(app, host=settings.hostname, port=settings.port, log_level=settings.log_level,
+                access_log=settings.log_level == "debug")
+
+
+@main.command()
+def plugins() -> None:
+    """List installed plugins, their engines and whether each engine's device is present."""
+    from switchyard.plugins import PluginHost
+
+    host = PluginHost.from_entry_points()
+    if not host.plugins:
+        click.echo("no plugins installed (pip install switchyard-xeon for CPUs)")
+        return
+    click.echo("plugins:")
+    for p in host.plugins:
+        click.echo(f"  {p.name:<12} {p.distribution} {p.version}")
+    click.echo("engines:")
+    for row in host.availability():
+        mark = "yes" if row.device.available else "no"
+        detail = f" ({row.device.detail})" if row.device.detail else ""
+        click.echo(f"  {row.engine:<12} plugin={row.plugin} device present={mark}: "
+                   f"{row.device.name}{detail}")
+    methods = host.quantization_methods()
+    if methods:
+        click.echo("quantization methods:")
+        for name, method in methods.items():
+            click.echo(f"  {name:<12} {method.description}")
+
+
+if __name__ == "__main__":
+    main()

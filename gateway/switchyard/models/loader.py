@@ -1,0 +1,89 @@
+"""Start-up of one model: find its files, pick its engine, load, warm up.
+
+The order is the one DESIGN.md fixes: plugins are loaded (by the caller),
+the engine is built, weights are loaded, warmup runs, and only then does the
+model join the registry and the server report ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from switchyard.models.served import Admission, ServedModel
+from switchyard.plugins import PluginHost
+from switchyard.settings import ServeSettings, resolve_token_limits
+from switchyard.text import load_tokenizer
+from switchyard_spec import EngineConfig, EngineStartError
+
+log = logging.getLogger("switchyard.models")
+
+
+def resolve_model_path(model_id: str | None, revision: str | None = None) -> tuple[str, Path]:
+    """Map a model id to (served id, local folder).
+
+    None is the embedded default model; an existing folder is used as is; any
+    other id is looked up in the local Hugging Face cache (no download: the
+    server must start offline).
+    """
+    if model_id is None:
+        return DEFAULT_MODEL_NAME, ensure_default_model()
+    if os.path.isdir(model_id):
+        return model_id, Path(model_id)
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(model_id, revision=revision, local_files_only=True)
+    except Exception as exc:  # the hub client raises several types for "not cached"
+        raise EngineStartError(
+            f"model {model_id!r} is neither a local folder nor in the Hugging Face cache "
+            f"({exc.__class__.__name__}); download it first, e.g. `hf download {model_id}`"
+        ) from exc
+    return model_id, Path(folder)
+
+
+def load_model(settings: ServeSettings, plugins: PluginHost) -> ServedModel:
+    """Build, load and warm up the model `settings` names. Blocking: call off the event loop."""
+    t0 = time.perf_counter()
+    model_id, path = resolve_model_path(settings.model_id, settings.revision)
+    log.info("model %s: files at %s", model_id, path)
+    tokenizer = load_tokenizer(path)
+    spec = plugins.select_engine(settings.engine)
+    engine = spec.factory(
+        EngineConfig(
+            model_path=str(path),
+            dtype=settings.dtype,
+            max_total_tokens=settings.max_total_tokens,
+            max_batch_size=settings.max_batch_size,
+            max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
+            max_batch_total_tokens=settings.max_batch_total_tokens,
+            quantize=settings.quantize,
+        )
+    )
+    log.info("model %s: loading weights with engine %s", model_id, spec.name)
+    info = engine.start()
+    limits = resolve_token_limits(settings, info.max_position_embeddings)
+    log.info(
+        "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d",
+        model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
+    )
+    log.info("model %s: warming up", model_id)
+    report = engine.warmup()
+    log.info("model %s: warm in %.1fs; ready after %.1fs", model_id, report.seconds,
+             time.perf_counter() - t0)
+    name = settings.served_model_name or model_id
+    aliases = frozenset({model_id} - {name})
+    return ServedModel(
+        name=name,
+        model_id=model_id,
+        tokenizer=tokenizer,
+        engine=engine,
+        engine_spec=spec,
+        info=info,
+        limits=limits,
+        admission=Admission(limit=settings.max_concurrent_requests),
+        aliases=aliases,
+    )

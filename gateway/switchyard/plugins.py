@@ -1,0 +1,165 @@
+"""The gateway's one typed facade over the pluggy plugin manager.
+
+Everything the gateway wants from plugins goes through `PluginHost`: nothing
+else calls `pm.hook`. Plugins are found through the `switchyard.plugins`
+entry-point group; `SWITCHYARD_PLUGINS` (allow list) and
+`SWITCHYARD_DISABLE_PLUGINS` (block list), both comma-separated entry-point
+names, choose which of the installed ones load.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from types import ModuleType
+
+import msgspec
+import pluggy
+
+from switchyard_spec import (
+    ENTRY_POINT_GROUP,
+    PROJECT_NAME,
+    DeviceInfo,
+    EngineNotFoundError,
+    EngineSpec,
+    PluginConflictError,
+    QuantizationMethod,
+    hookspecs,
+)
+
+log = logging.getLogger("switchyard.plugins")
+
+ALLOW_ENV = "SWITCHYARD_PLUGINS"
+BLOCK_ENV = "SWITCHYARD_DISABLE_PLUGINS"
+
+
+class PluginRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One loaded plugin: its entry-point name, distribution and version."""
+
+    name: str
+    distribution: str
+    version: str
+
+
+class EngineAvailability(msgspec.Struct, frozen=True, kw_only=True):
+    """An engine, the plugin that declared it, and whether its device is present."""
+
+    engine: str
+    plugin: str
+    description: str
+    priority: int
+    device: DeviceInfo
+
+
+def _names_from_env(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+class PluginHost:
+    """Loads plugins and answers typed questions about what they provide."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._records: list[PluginRecord] = []
+        self._owners: dict[str, str] = {}
+
+    @classmethod
+    def from_entry_points(cls) -> PluginHost:
+        """Load every installed plugin the allow/block environment variables let through."""
+        host = cls()
+        allow, block = _names_from_env(ALLOW_ENV), _names_from_env(BLOCK_ENV) or set()
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in block or (allow is not None and ep.name not in allow):
+                log.info("plugin %s skipped by %s/%s", ep.name, ALLOW_ENV, BLOCK_ENV)
+                continue
+            module = ep.load()
+            dist = ep.dist.name if ep.dist is not None else "?"
+            version = ep.dist.version if ep.dist is not None else "?"
+            host.register(module, ep.name, distribution=dist, version=version)
+        return host
+
+    def register(
+        self, plugin: ModuleType | object, name: str, *, distribution: str = "?", version: str = "?"
+    ) -> None:
+        """Register one plugin object (a module or any object with hookimpls)."""
+        self._pm.register(plugin, name=name)
+        self._records.append(PluginRecord(name=name, distribution=distribution, version=version))
+        log.info("plugin %s loaded (%s %s)", name, distribution, version)
+
+    @property
+    def plugins(self) -> list[PluginRecord]:
+        """The plugins loaded, in load order."""
+        return list(self._records)
+
+    def engines(self) -> dict[str, EngineSpec]:
+        """Every declared engine by name; two plugins declaring one name is an error."""
+        found: dict[str, EngineSpec] = {}
+        self._owners = {}
+        for impl in self._pm.hook.switchyard_engines.get_hookimpls():
+            for spec in impl.function() or []:
+                if spec.name in found:
+                    raise PluginConflictError(
+                        f"engine name {spec.name!r} is declared by both plugin "
+                        f"{self._owners[spec.name]!r} and plugin {impl.plugin_name!r}; "
+                        f"uninstall one or block it with {BLOCK_ENV}={impl.plugin_name}"
+                    )
+                found[spec.name] = spec
+                self._owners[spec.name] = impl.plugin_name
+        return found
+
+    def quantization_methods(self) -> dict[str, QuantizationMethod]:
+        """Every declared quantization method by name; duplicates are an error."""
+        found: dict[str, QuantizationMethod] = {}
+        owners: dict[str, str] = {}
+        for impl in self._pm.hook.switchyard_quantization_methods.get_hookimpls():
+            for method in impl.function() or []:
+                if method.name in found:
+                    raise PluginConflictError(
+                        f"quantization method {method.name!r} is declared by both plugin "
+                        f"{owners[method.name]!r} and plugin {impl.plugin_name!r}"
+                    )
+                found[method.name] = method
+                owners[method.name] = impl.plugin_name
+        return found
+
+    def availability(self) -> list[EngineAvailability]:
+        """Every engine with the answer of its device probe, best priority first."""
+        specs = self.engines()
+        rows = []
+        for name, spec in specs.items():
+            try:
+                device = spec.probe()
+            except Exception as exc:  # a probe must not take the listing down
+                device = DeviceInfo(available=False, name="?", detail=f"probe failed: {exc}")
+            rows.append(
+                EngineAvailability(
+                    engine=name,
+                    plugin=self._owners[name],
+                    description=spec.description,
+                    priority=spec.priority,
+                    device=device,
+                )
+            )
+        return sorted(rows, key=lambda row: -row.priority)
+
+    def select_engine(self, name: str | None) -> EngineSpec:
+        """The engine named, or else the available one with the highest priority."""
+        specs = self.engines()
+        if name is not None:
+            if name not in specs:
+                known = ", ".join(sorted(specs)) or "none"
+                raise EngineNotFoundError(f"no engine named {name!r}; installed engines: {known}")
+            return specs[name]
+        for row in self.availability():
+            if row.device.available:
+                log.info("engine %s selected (device: %s)", row.engine, row.device.name)
+                return specs[row.engine]
+        raise EngineNotFoundError(
+            "no installed engine has its device present; install a hardware plugin "
+            "such as switchyard-xeon (see `switchyard plugins`)"
+        )

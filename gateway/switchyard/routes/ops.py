@@ -1,0 +1,57 @@
+"""Operational routes: readiness (`/health`, `/ping`, `GET /`), liveness (`/live`), `/info`."""
+
+from __future__ import annotations
+
+from litestar import Response, Router, get
+
+from switchyard import __version__
+from switchyard.protocol import tgi
+from switchyard.routes.errors import tgi_exception_handlers
+from switchyard.state import Gateway
+
+_UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
+
+
+@get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"])
+async def health(gw: Gateway) -> Response[tgi.ErrorResponse | None]:
+    """200 once every model is loaded and warmed up and its engine is alive; 503 before."""
+    ok = gw.ready and all(m.engine.healthy() for m in gw.registry.models())
+    if ok:
+        return Response(None, status_code=200)
+    return Response(_UNHEALTHY, status_code=503)
+
+
+@get("/live", summary="Liveness", tags=["Operations"])
+async def live() -> Response[None]:
+    """200 while the process serves HTTP, loaded or not."""
+    return Response(None, status_code=200)
+
+
+@get("/info", summary="Model and server info", tags=["Text Generation Inference"])
+async def info(gw: Gateway) -> tgi.Info:
+    """TGI's `/info`: the served model and the server's limits."""
+    s = gw.settings
+    model = gw.registry.default
+    return tgi.Info(
+        model_id=model.model_id if model else (s.model_id or "loading"),
+        model_sha=None,
+        model_pipeline_tag="text-generation",
+        max_concurrent_requests=s.max_concurrent_requests,
+        max_best_of=s.max_best_of,
+        max_stop_sequences=s.max_stop_sequences,
+        max_input_tokens=model.limits.max_input_tokens if model else s.max_input_tokens,
+        max_total_tokens=model.limits.max_total_tokens if model else s.max_total_tokens,
+        validation_workers=1,
+        max_client_batch_size=s.max_client_batch_size,
+        router="text-generation-router",
+        version=__version__,
+        sha=None,
+        docker_label=None,
+    )
+
+
+router = Router(
+    path="/",
+    route_handlers=[health, live, info],
+    exception_handlers=tgi_exception_handlers(),
+)

@@ -1,0 +1,66 @@
+"""Server settings: one typed record built from the command line and environment.
+
+Flag names and defaults follow TGI's launcher, so a TGI command line carries
+over; limits of 0 mean "derive from the model" and are resolved once the model
+is loaded (see `resolve_token_limits`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ServeSettings(msgspec.Struct, kw_only=True):
+    """Everything `switchyard serve` can be told."""
+
+    model_id: str | None = None
+    """Local folder or hub id (resolved through the local cache); None = the embedded default model."""
+    served_model_name: str | None = None
+    """Name clients use in `model`; defaults to the model id."""
+    revision: str | None = None
+    engine: str | None = None
+    """Engine name from a plugin; None picks the available engine with the highest priority."""
+    hostname: str = "0.0.0.0"
+    port: int = 8080
+    dtype: str = "auto"
+    quantize: str | None = None
+    max_input_tokens: int = 0
+    max_total_tokens: int = 0
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_client_batch_size: int = 4
+    max_batch_size: int = 0
+    max_batch_prefill_tokens: int = 0
+    max_batch_total_tokens: int = 0
+    payload_limit: int = 2_000_000
+    log_level: str = "info"
+
+
+class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The per-request token limits actually enforced."""
+
+    max_input_tokens: int
+    max_total_tokens: int
+
+
+# TGI derives the limits from the device's memory; on a CPU we keep per-request
+# KV caches modest by default while still letting long-context models use more.
+DEFAULT_MAX_TOTAL_TOKENS = 4096
+
+
+def resolve_token_limits(settings: ServeSettings, max_position_embeddings: int) -> TokenLimits:
+    """Fill unset limits from the model, as TGI does, and check they are coherent."""
+    total = settings.max_total_tokens or min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS)
+    inputs = settings.max_input_tokens or total - 1
+    if inputs >= total:
+        raise ValueError(
+            f"--max-input-tokens ({inputs}) must be < --max-total-tokens ({total})"
+        )
+    if total > max_position_embeddings:
+        raise ValueError(
+            f"--max-total-tokens ({total}) exceeds the model's max_position_embeddings "
+            f"({max_position_embeddings})"
+        )
+    return TokenLimits(max_input_tokens=inputs, max_total_tokens=total)

@@ -1,0 +1,190 @@
+"""Request validation with TGI's rules, order and messages.
+
+Both APIs end here: the OpenAI routes first map their fields onto TGI's
+`GenerateParameters` (see `routes/openai.py`), so one set of rules guards the
+engine. The result is a `GenerationPlan`, everything the engine and the text
+pipeline need for one sequence.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import msgspec
+
+from switchyard.errors import ApiError, validation_error
+from switchyard.protocol.tgi import GenerateParameters
+from switchyard.settings import ServeSettings, TokenLimits
+from switchyard_spec import SamplingParams, StoppingParams
+
+# TGI validates the first 1024 new tokens against the total budget and re-queues
+# beyond; Switchyard's engines stop at the total budget instead, with "length".
+MAX_NEW_TOKENS_CHUNK = 1024
+
+
+class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated request for one sequence."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stopping: StoppingParams
+    stop_strings: tuple[str, ...] = ()
+    include_stop: bool = True
+    """TGI keeps a matched stop string in the text; OpenAI drops it."""
+    details: bool = False
+    return_full_text: bool = False
+    max_new_tokens_given: bool = False
+
+
+def _sampling_enabled(p: GenerateParameters) -> bool:
+    """TGI samples when asked to, or when any warper would change the distribution."""
+    return bool(
+        p.do_sample
+        or (p.temperature is not None and p.temperature != 1.0)
+        or (p.top_k is not None and p.top_k != 0)
+        or (p.top_p is not None and p.top_p < 1.0)
+        or (p.typical_p is not None and p.typical_p < 1.0)
+    )
+
+
+def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
+    """The parameter checks that need no tokenizer, in TGI's order."""
+    best_of = p.best_of if p.best_of is not None else 1
+    if best_of > 1:
+        if not _sampling_enabled(p):
+            raise validation_error("you must use sampling when `best_of` is > 1", param="best_of")
+        if settings.max_best_of == 1:
+            raise validation_error("`best_of` != 1 is not allowed for this endpoint", param="best_of")
+        if best_of > settings.max_best_of:
+            raise validation_error(
+                f"`best_of` must be > 0 and <= {settings.max_best_of}. Given: {best_of}",
+                param="best_of",
+            )
+    if best_of < 1:
+        raise validation_error(
+            f"`best_of` must be > 0 and <= {settings.max_best_of}. Given: {best_of}", param="best_of"
+        )
+    if p.temperature is not None and p.temperature <= 0:
+        raise validation_error("`temperature` must be strictly positive", param="temperature")
+    if p.repetition_penalty is not None and p.repetition_penalty <= 0:
+        raise validation_error(
+            "`repetition_penalty` must be strictly positive", param="repetition_penalty"
+        )
+    if p.frequency_penalty is not None and not -2.0 <= p.frequency_penalty <= 2.0:
+        raise validation_error(
+            "`frequency_penalty` must be >= -2.0 and <= 2.0", param="frequency_penalty"
+        )
+    if p.top_p is not None and not 0.0 < p.top_p < 1.0:
+        raise validation_error("`top_p` must be > 0.0 and < 1.0", param="top_p")
+    if p.typical_p is not None and not 0.0 < p.typical_p < 1.0:
+        raise validation_error("`typical_p` must be > 0.0 and < 1.0", param="typical_p")
+    if p.top_k is not None and p.top_k <= 0:
+        raise validation_error("`top_k` must be strictly positive", param="top_k")
+    if p.max_new_tokens is not None and p.max_new_tokens <= 0:
+        raise validation_error("`max_new_tokens` must be strictly positive", param="max_new_tokens")
+    if len(p.stop) > settings.max_stop_sequences:
+        raise validation_error(
+            f"`stop` supports up to {settings.max_stop_sequences} stop sequences. "
+            f"Given: {len(p.stop)}",
+            param="stop",
+        )
+    if p.seed is not None and best_of > 1:
+        raise validation_error("`seed` must not be set when `best_of` > 1", param="seed")
+    if p.seed is not None and not 0 <= p.seed < 2**64:
+        raise validation_error("`seed` must be >= 0 and < 2^64", param="seed")
+    top_n = p.top_n_tokens or 0
+    if not 0 <= top_n <= settings.max_top_n_tokens:
+        raise validation_error(
+            f"`top_n_tokens` must be >= 0 and <= {settings.max_top_n_tokens}. Given: {top_n}",
+            param="top_n_tokens",
+        )
+    # Capabilities this build does not have yet get a validation error that names them.
+    if best_of > 1:
+        raise validation_error("`best_of` > 1 is not supported by this server yet", param="best_of")
+    if p.watermark:
+        raise validation_error("`watermark` is not supported by this server", param="watermark")
+    if p.grammar is not None:
+        raise validation_error("grammar is not supported", param="grammar")
+    if p.adapter_id is not None:
+        raise validation_error(
+            "`adapter_id` is not supported: this server has no LoRA adapters loaded",
+            param="adapter_id",
+        )
+
+
+def check_inputs(inputs: str, p: GenerateParameters, limits: TokenLimits) -> None:
+    """The input checks that precede tokenization."""
+    if not inputs:
+        raise validation_error("`inputs` cannot be empty", param="inputs")
+    if p.truncate is not None and not 0 < p.truncate <= limits.max_input_tokens:
+        raise validation_error(
+            f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. "
+            f"Given: {p.truncate}",
+            param="truncate",
+        )
+
+
+def build_plan(
+    prompt_ids: list[int],
+    p: GenerateParameters,
+    limits: TokenLimits,
+    eos_token_ids: tuple[int, ...],
+    *,
+    presence_penalty: float = 0.0,
+    include_stop: bool = True,
+) -> GenerationPlan:
+    """Apply truncation and the token limits, then build the engine's parameters."""
+    if p.truncate is not None and len(prompt_ids) > p.truncate:
+        prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the last tokens
+    n_in = len(prompt_ids)
+    if p.max_new_tokens is not None:
+        cap = p.max_new_tokens
+        chunk = min(cap, MAX_NEW_TOKENS_CHUNK)
+    else:
+        cap = max(limits.max_total_tokens - n_in, 0)
+        chunk = min(cap, MAX_NEW_TOKENS_CHUNK)
+    if n_in + chunk > limits.max_total_tokens:
+        raise validation_error(
+            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+            f"Given: {n_in} `inputs` tokens and {chunk} `max_new_tokens`",
+            param="max_new_tokens",
+        )
+    if n_in > limits.max_input_tokens:
+        raise validation_error(
+            f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {n_in}",
+            param="inputs",
+        )
+    # Past the total budget the sequence ends with "length", as TGI's re-queue does.
+    cap = min(cap, limits.max_total_tokens - n_in)
+    if cap <= 0:
+        raise validation_error(
+            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+            f"Given: {n_in} `inputs` tokens and 0 `max_new_tokens`",
+            param="max_new_tokens",
+        )
+    sampling = _sampling_enabled(p)
+    seed = p.seed if p.seed is not None else (secrets.randbits(63) if sampling else None)
+    return GenerationPlan(
+        prompt_ids=tuple(prompt_ids),
+        sampling=SamplingParams(
+            do_sample=sampling,
+            temperature=p.temperature if p.temperature is not None else 1.0,
+            top_k=p.top_k or 0,
+            top_p=p.top_p if p.top_p is not None else 1.0,
+            typical_p=p.typical_p if p.typical_p is not None else 1.0,
+            seed=seed,
+            repetition_penalty=p.repetition_penalty if p.repetition_penalty is not None else 1.0,
+            frequency_penalty=p.frequency_penalty or 0.0,
+            presence_penalty=presence_penalty,
+            top_n_tokens=p.top_n_tokens or 0,
+        ),
+        stopping=StoppingParams(max_new_tokens=cap, eos_token_ids=eos_token_ids),
+        stop_strings=tuple(s for s in p.stop if s),
+        include_stop=include_stop,
+        details=p.details or p.decoder_input_details,
+        return_full_text=bool(p.return_full_text),
+        max_new_tokens_given=p.max_new_tokens is not None,
+    )
+
+
+__all__ = ["ApiError", "GenerationPlan", "build_plan", "check_inputs", "check_parameters"]

@@ -1,0 +1,73 @@
+"""The engine interface: what every hardware plugin's engine must do.
+
+The gateway drives an engine through exactly these methods, in this order:
+``start`` (load weights) then ``warmup`` then any number of ``submit`` /
+``abort`` / ``stats`` calls from the HTTP side, then ``shutdown``. The engine's
+compute loop runs on its own thread or process, never on the caller's.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from switchyard_spec.types import (
+    EngineRequest,
+    EngineStats,
+    EventSink,
+    ModelInfo,
+    WarmupReport,
+)
+
+
+class Engine(abc.ABC):
+    """A batching engine serving one model on one device.
+
+    Thread contract: ``start``, ``warmup`` and ``shutdown`` may block and are
+    called from a worker thread. ``submit``, ``abort`` and ``stats`` are called
+    from the gateway's event loop and must return at once: they only hand work
+    to the engine's loop.
+    """
+
+    @abc.abstractmethod
+    def start(self) -> ModelInfo:
+        """Load the weights onto the device and start the compute loop.
+
+        Raise ``switchyard_spec.EngineStartError`` with a readable message when
+        the model cannot be served (unknown architecture, missing files).
+        """
+
+    @abc.abstractmethod
+    def warmup(self) -> WarmupReport:
+        """Run representative shapes once so the first request is not slow.
+
+        Called after ``start`` and before the gateway reports ready.
+        """
+
+    @abc.abstractmethod
+    def submit(self, request: EngineRequest, sink: EventSink) -> None:
+        """Queue a sequence. Its events go to ``sink``, in order, from the engine thread.
+
+        The sequence joins the running batch at the next step boundary. The
+        engine must end every submitted sequence with exactly one event that
+        has ``finish_reason`` or ``error`` set (an aborted one ends with
+        ``FinishReason.ABORTED``).
+        """
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop a sequence at the next step boundary and free its cache.
+
+        Unknown or finished ids are ignored.
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Return the current load without waiting for the compute loop."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the loop, end live sequences with ``ABORTED``, release the device."""
+
+    def healthy(self) -> bool:
+        """Whether the compute loop is alive. Engines may override with a real probe."""
+        return True

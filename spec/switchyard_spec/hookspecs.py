@@ -1,0 +1,40 @@
+"""The hooks a Switchyard plugin may implement.
+
+A plugin is a module registered under the ``switchyard.plugins`` entry-point
+group. It implements any of the hooks below with ``@hookimpl``. Hooks are
+synchronous and cheap: they return records and import nothing heavy (no torch
+at import time), because ``switchyard plugins`` calls them just to list what is
+installed.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from switchyard_spec.types import EngineSpec, QuantizationMethod
+
+PROJECT_NAME = "switchyard"
+ENTRY_POINT_GROUP = "switchyard.plugins"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def switchyard_engines() -> list[EngineSpec]:
+    """Declare the engines this plugin provides.
+
+    Return one ``EngineSpec`` per engine: a unique name, a factory that builds
+    an engine for one model (without loading weights), and a probe that says
+    whether the device is present. Two plugins declaring the same engine name
+    stop the server at start-up.
+    """
+
+
+@hookspec
+def switchyard_quantization_methods() -> list[QuantizationMethod]:
+    """Declare quantization methods that engines can apply to loaded weights.
+
+    Return one ``QuantizationMethod`` per method, named as users pass it to
+    ``--quantize``. Duplicate names stop the server at start-up.
+    """

@@ -1,0 +1,220 @@
+"""Records that cross the line between the gateway and an engine.
+
+Everything here is a msgspec Struct: cheap to build, immutable where it can be,
+and serialisable, so an engine may run its loop in another process and ship the
+same records over a pipe. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from switchyard_spec.engine import Engine
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence stopped. Values are TGI's wire strings.
+
+    An engine reports ``LENGTH`` and ``EOS_TOKEN``; the gateway adds
+    ``STOP_SEQUENCE`` when it matches a stop string in the text, and an aborted
+    sequence ends with ``ABORTED`` (never shown to clients).
+    """
+
+    LENGTH = "length"
+    EOS_TOKEN = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+    ABORTED = "aborted"
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How the next token is chosen, per request.
+
+    Greedy decoding is ``do_sample=False``; then every other field but the
+    penalties is ignored. With ``do_sample=True`` the logits are processed in
+    TGI's order (penalties, temperature, top-k, top-p, typical-p) and sampled.
+    ``seed`` makes sampling reproducible for this request regardless of which
+    other requests share its batch. Values arrive validated by the gateway.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    """1.0 disables nucleus sampling."""
+    typical_p: float = 1.0
+    """1.0 disables typical sampling."""
+    seed: int | None = None
+    """None: the engine picks a seed and reports it in ``TokenEvent.seed``."""
+    repetition_penalty: float = 1.0
+    """CTRL-style multiplicative penalty on tokens seen in prompt or output; 1.0 is off."""
+    frequency_penalty: float = 0.0
+    """Subtracted once per earlier occurrence in the output (OpenAI semantics); 0 is off."""
+    presence_penalty: float = 0.0
+    """Subtracted once if the token occurred in the output (OpenAI semantics); 0 is off."""
+    top_n_tokens: int = 0
+    """How many most likely alternatives to report with each token."""
+
+
+class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """When the engine ends a sequence on its own.
+
+    Stop *strings* are the gateway's business (they live in text, not ids);
+    the engine stops on ``max_new_tokens`` and on any of ``eos_token_ids``
+    unless ``ignore_eos`` is set.
+    """
+
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One sequence to generate: prompt token ids plus how to sample and stop.
+
+    ``request_id`` is unique among the engine's live requests and names the
+    sequence in every ``TokenEvent`` and in ``Engine.abort``.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stopping: StoppingParams
+    logprobs: bool = True
+    """Whether the engine must compute the chosen token's log-probability."""
+
+
+class TopToken(msgspec.Struct, frozen=True, array_like=True):
+    """One alternative token and its log-probability."""
+
+    id: int
+    logprob: float
+
+
+class TokenEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One generated token, or the end of a sequence.
+
+    An engine emits one event per generated token, in order. The last event of
+    a sequence carries ``finish_reason``. An event with ``error`` set ends the
+    sequence without a token (``token_id`` is -1): the engine could not serve it.
+    """
+
+    request_id: str
+    token_id: int
+    logprob: float = 0.0
+    top_tokens: tuple[TopToken, ...] = ()
+    finish_reason: FinishReason | None = None
+    seed: int | None = None
+    """The seed that sampled this sequence; None for greedy."""
+    prompt_tokens: int = 0
+    """Length of the prompt as the engine saw it (set on the first event)."""
+    error: str | None = None
+
+
+EventSink = Callable[[TokenEvent], None]
+"""Where an engine delivers events. Called from the engine's own thread; it must
+be thread-safe and must not block (the gateway hands events to its event loop)."""
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateway asks of an engine when it builds one for a model.
+
+    ``model_path`` is a local folder holding ``config.json`` and safetensors
+    weights (the gateway resolves hub ids through the local cache first).
+    Limits of 0 mean "choose for the machine".
+    """
+
+    model_path: str
+    dtype: str = "auto"
+    """"auto", "float32", "bfloat16" or "float16"."""
+    max_total_tokens: int = 0
+    """Largest prompt + generated length one sequence may reach."""
+    max_batch_size: int = 0
+    """Most sequences decoded together; 0 lets the engine decide."""
+    max_batch_prefill_tokens: int = 0
+    max_batch_total_tokens: int = 0
+    quantize: str | None = None
+    """Name of a quantization method declared through ``switchyard_quantization_methods``."""
+    options: dict[str, str] = {}
+    """Engine-specific settings, passed through as given."""
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What an engine learned about the model while loading it."""
+
+    model_type: str
+    dtype: str
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    device: str
+
+
+class WarmupReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What warmup measured: how long it took and the token capacity it settled on."""
+
+    seconds: float
+    max_batch_total_tokens: int
+    max_batch_size: int
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of an engine's load, cheap enough to take per scrape."""
+
+    running: int
+    """Sequences in the running batch."""
+    waiting: int
+    """Sequences submitted and not yet admitted."""
+    batch_tokens: int = 0
+    """Tokens held in the KV cache by running sequences."""
+    max_batch_total_tokens: int = 0
+    steps: int = 0
+    """Forward passes run since start."""
+
+
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of a device probe: is the hardware an engine needs present?"""
+
+    available: bool
+    name: str
+    """Human name, e.g. "Intel Xeon (2 cores, avx512_bf16)"."""
+    detail: str = ""
+    """Why it is unavailable, or extra facts worth printing."""
+
+
+class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A hardware plugin's declaration of one engine.
+
+    Returned by ``switchyard_engines``. It is a record, not a live engine: the
+    gateway calls ``probe`` to see whether the device is there and ``factory``
+    only when it serves a model with this engine.
+    """
+
+    name: str
+    """Unique across installed plugins, e.g. "xeon"."""
+    description: str
+    factory: Callable[[EngineConfig], Engine]
+    """Builds an engine for one model; must not load weights yet (that is ``start``)."""
+    probe: Callable[[], DeviceInfo]
+    """Cheap check for the device; must not raise."""
+    priority: int = 0
+    """When no engine is named, the available engine with the highest priority serves."""
+
+
+class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
+    """A plugin's declaration of one quantization method.
+
+    ``apply`` receives a loaded ``torch.nn.Module`` and returns the quantized
+    module (it may change it in place). Engines look methods up by ``name``.
+    """
+
+    name: str
+    description: str
+    apply: Callable[[object], object]
+    devices: tuple[str, ...] = ("cpu",)
+    """Device types the method's kernels run on."""
