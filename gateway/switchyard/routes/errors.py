@@ -43,6 +43,8 @@ def _as_api_error(exc: Exception) -> ApiError:
             "validation",
         )
     if isinstance(exc, HTTPException):
+        if exc.status_code == 400:  # Litestar's word for a body it could not parse
+            return ApiError(400, f"Input validation error: {exc.detail}", "validation")
         return ApiError(exc.status_code, exc.detail, "invalid_request_error")
     log.exception("unexpected error while serving a request")
     return ApiError(500, f"Internal error: {exc.__class__.__name__}", "internal")

@@ -165,7 +165,7 @@ def _sse(events: AsyncIterator[str]) -> ServerSentEvent:
     return ServerSentEvent(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@post("/v1/chat/completions", summary="OpenAI chat completions", tags=["OpenAI"])
+@post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"])
 async def chat_completions(
     gw: Gateway, data: oai.ChatCompletionRequest
 ) -> Response[oai.ChatCompletion] | ServerSentEvent:
@@ -293,7 +293,7 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
     return plans
 
 
-@post("/v1/completions", summary="OpenAI completions", tags=["OpenAI"])
+@post("/v1/completions", status_code=200, summary="OpenAI completions", tags=["OpenAI"])
 async def completions(
     gw: Gateway, data: oai.CompletionRequest
 ) -> Response[oai.Completion] | ServerSentEvent:

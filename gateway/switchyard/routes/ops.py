@@ -13,18 +13,18 @@ _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"])
-async def health(gw: Gateway) -> Response[tgi.ErrorResponse | None]:
+async def health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
     """200 once every model is loaded and warmed up and its engine is alive; 503 before."""
     ok = gw.ready and all(m.engine.healthy() for m in gw.registry.models())
     if ok:
-        return Response(None, status_code=200)
+        return Response(b"", status_code=200)
     return Response(_UNHEALTHY, status_code=503)
 
 
 @get("/live", summary="Liveness", tags=["Operations"])
-async def live() -> Response[None]:
+async def live() -> Response[bytes]:
     """200 while the process serves HTTP, loaded or not."""
-    return Response(None, status_code=200)
+    return Response(b"", status_code=200)
 
 
 @get("/info", summary="Model and server info", tags=["Text Generation Inference"])

@@ -169,20 +169,20 @@ def sse(events: AsyncIterator[str], characters: int) -> ServerSentEvent:
     )
 
 
-@post("/generate", summary="Generate tokens", tags=["Text Generation Inference"])
+@post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"])
 async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
     body, headers = await run_generate(gw, data)
     return Response(body, headers=headers, status_code=200)
 
 
-@post("/generate_stream", summary="Generate a stream of tokens (SSE)", tags=["Text Generation Inference"])
+@post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)", tags=["Text Generation Inference"])
 async def generate_stream_route(gw: Gateway, data: tgi.GenerateRequest) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
     return sse(stream_events(gw, data), len(data.inputs))
 
 
-@post("/", summary="Generate tokens (compat)", tags=["Text Generation Inference"])
+@post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"])
 async def compat_route(
     gw: Gateway, data: tgi.CompatGenerateRequest
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
@@ -195,12 +195,12 @@ async def compat_route(
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],
      include_in_schema=False)
-async def root_health(gw: Gateway) -> Response[tgi.ErrorResponse | None]:
+async def root_health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
     """TGI answers a GET on `/` like `/health`."""
     return await health.fn(gw)
 
 
-@post("/tokenize", summary="Tokenize inputs", tags=["Text Generation Inference"])
+@post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"])
 async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.SimpleToken]:
     """Tokenize `inputs` as the model sees them, with offsets into the text."""
     model = gw.model()

@@ -1,0 +1,138 @@
+"""The attention function the engine plugs into transformers' model definitions.
+
+The model runs on a packed batch: one row of T tokens holding every sequence's
+new tokens back to back. Transformers computes projections and rotary
+embeddings for all T tokens at once, then calls :func:`packed_attention` once
+per layer with the metadata of the step (passed through the forward kwargs as
+``switchyard_step``). For each sequence it stores the new keys/values in the
+engine's :class:`KVCache` and attends over that sequence's whole context, so
+sequences never see each other and no padding is needed.
+
+The name is registered with ``AttentionInterface`` only: because it is absent
+from ``AttentionMaskInterface``, transformers skips building masks entirely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from switchyard_xeon.kv_cache import KVCache
+
+ATTN_NAME = "switchyard_xeon"
+STEP_KWARG = "switchyard_step"
+
+
+@dataclass
+class StepMetadata:
+    """Where each sequence's tokens sit in the packed row and in its cache.
+
+    Sequence ``i`` owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``
+    and cache positions ``starts[i] .. starts[i] + query_lens[i]``.
+    """
+
+    cache: KVCache
+    seq_ids: list[int]
+    starts: list[int]
+    query_lens: list[int]
+    offsets: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offsets = []
+        total = 0
+        for n in self.query_lens:
+            self.offsets.append(total)
+            total += n
+
+    @property
+    def num_tokens(self) -> int:
+        """T: length of the packed row."""
+        return sum(self.query_lens)
+
+
+def register() -> str:
+    """Register :func:`packed_attention` with transformers under ``ATTN_NAME``; idempotent."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, packed_attention)
+    return ATTN_NAME
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Attention over the engine's cache for a packed batch, in transformers' calling convention.
+
+    ``query`` is [1, heads, T, head_dim]; ``key``/``value`` are [1, kv_heads, T,
+    head_dim] for the new tokens only. Returns [1, T, heads, head_dim].
+    """
+    step = kwargs.get(STEP_KWARG)
+    if not isinstance(step, StepMetadata):
+        raise RuntimeError(f"{ATTN_NAME} attention needs {STEP_KWARG}= in the forward call")
+    if softcap is not None or s_aux is not None:
+        raise NotImplementedError("attention soft-capping and sinks are not supported yet")
+    layer = int(module.layer_idx)
+    cache = step.cache
+    q, k, v = query[0], key[0], value[0]
+    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
+    for seq_id, start, n, off in zip(
+        step.seq_ids, step.starts, step.query_lens, step.offsets, strict=True
+    ):
+        cache.write(layer, seq_id, start, k[:, off : off + n], v[:, off : off + n])
+        keys, values = cache.read(layer, seq_id, start + n)
+        result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window)
+        out[off : off + n] = result.transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """One sequence: q [heads, n, d] over k/v [kv_heads, L, d] whose last n rows are q's own."""
+    heads, n, dim = q.shape
+    kv_heads, length, _ = k.shape
+    if window is not None and window > 0 and length > window and n == 1:
+        k, v, length = k[:, -window:], v[:, -window:], window
+    if n == 1:
+        # Decode: the one query sees every key, so no mask; folding the query
+        # heads of a group into the sequence axis shares each K/V head without
+        # copying it, and takes a much faster CPU kernel than enable_gqa for bf16.
+        group = heads // kv_heads
+        o = F.scaled_dot_product_attention(
+            q.reshape(kv_heads, group, dim).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=scale
+        )
+        return o.reshape(heads, 1, dim)
+    gqa = heads != kv_heads
+    if n == length and not (window is not None and 0 < window < length):
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+            is_causal=True, scale=scale, enable_gqa=gqa,
+        )
+        return o[0]
+    # Queries that start after cached context (chunked prefill) or a sliding
+    # window need an explicit mask aligned to the bottom-right corner.
+    qpos = torch.arange(length - n, length, device=q.device)[:, None]
+    kpos = torch.arange(length, device=q.device)[None, :]
+    mask = kpos <= qpos
+    if window is not None and window > 0:
+        mask &= kpos > qpos - window
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=gqa
+    )
+    return o[0]

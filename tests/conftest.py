@@ -1,0 +1,97 @@
+"""Fixtures shared by every test package: the locally built default model and a live server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder shared by the session, so the default model is built once."""
+    root = os.environ.get("SWITCHYARD_TEST_CACHE")
+    return Path(root) if root else tmp_path_factory.mktemp("switchyard-cache")
+
+
+@pytest.fixture(scope="session")
+def default_model_path(model_cache: Path) -> Path:
+    """The embedded default model, built deterministically into the test cache."""
+    from switchyard.models.default_model import ensure_default_model
+
+    return ensure_default_model(model_cache)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    """A `switchyard serve` process on a loopback port."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        """What the server printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(cache: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 timeout: float = 180.0) -> LiveServer:
+    """Start the real CLI and wait until `/health` answers 200."""
+    port = _free_port()
+    log_path = log_dir / f"server-{port}.log"
+    # The server never touches a hub: everything it loads is built locally.
+    full_env = {**os.environ, "SWITCHYARD_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+                **(env or {})}
+    cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--hostname", "127.0.0.1",
+           "--port", str(port), *args]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    server = LiveServer(url=f"http://127.0.0.1:{port}", process=proc, log_path=log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stop_server(server)
+    raise RuntimeError(f"server not healthy after {timeout}s:\n{server.log()}")
+
+
+def stop_server(server: LiveServer) -> None:
+    """Stop the process, forcefully if it does not stop in time."""
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(default_model_path: Path, model_cache: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server on the default model for the whole session (fp32, so greedy is exact)."""
+    live = start_server(model_cache, tmp_path_factory.mktemp("logs"), "--dtype", "float32",
+                        "--max-total-tokens", "512", "--max-input-tokens", "400")
+    yield live
+    stop_server(live)

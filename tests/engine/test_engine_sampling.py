@@ -1,0 +1,190 @@
+"""switchyard.engine.sampling on synthetic logits, checked against transformers' processors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from switchyard.engine.sampling import RowSampler, apply_penalties, sample, warp
+from switchyard_spec import SamplingParams
+
+V = 64
+
+
+def _logits(rows: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, V, generator=gen) * 3
+
+
+def _row(params: SamplingParams, prompt: tuple[int, ...] = (), seed: int | None = None) -> RowSampler:
+    if params.do_sample and seed is None:
+        seed = params.seed if params.seed is not None else 0
+    return RowSampler(params, prompt, V, seed=seed)
+
+
+def test_greedy_rows_take_argmax_and_raw_logprobs():
+    logits = _logits(5)
+    rows = [_row(SamplingParams(top_n_tokens=3)) for _ in range(5)]
+    out = sample(logits, rows)
+    raw = torch.log_softmax(logits, -1)
+    for i, tok in enumerate(out):
+        assert tok.token_id == int(logits[i].argmax())
+        assert tok.logprob == pytest.approx(float(raw[i, tok.token_id]), abs=1e-6)
+        assert [t.id for t in tok.top_tokens] == raw[i].topk(3).indices.tolist()
+
+
+def test_top_k_one_equals_greedy():
+    logits = _logits(8, seed=1)
+    rows = [_row(SamplingParams(do_sample=True, top_k=1, temperature=2.0, seed=i)) for i in range(8)]
+    out = sample(logits, rows)
+    assert [t.token_id for t in out] == logits.argmax(-1).tolist()
+    # Everything but the one survivor is filtered, so it carries all the mass.
+    assert all(t.logprob == pytest.approx(0.0, abs=1e-6) for t in out)
+
+
+def test_sampled_logprob_uses_temperature_processed_logits():
+    logits = _logits(1, seed=2)
+    (tok,) = sample(logits, [_row(SamplingParams(do_sample=True, temperature=0.5, seed=3))])
+    expected = torch.log_softmax(logits / 0.5, -1)[0, tok.token_id]
+    assert tok.logprob == pytest.approx(float(expected), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(do_sample=True, temperature=0.7, top_k=10),
+        SamplingParams(do_sample=True, top_p=0.8),
+        SamplingParams(do_sample=True, temperature=1.5, top_k=20, top_p=0.6),
+        SamplingParams(do_sample=True, typical_p=0.7),
+        SamplingParams(do_sample=True, temperature=0.9, top_k=30, top_p=0.9, typical_p=0.8),
+    ],
+)
+def test_warp_matches_transformers_in_a_mixed_batch(params):
+    """Each row of a heterogeneous batch is warped exactly as transformers warps it alone."""
+    logits = _logits(4, seed=4)
+    batch = [params, SamplingParams(do_sample=True), params,
+             SamplingParams(do_sample=True, top_k=5, top_p=0.5)]
+    warped = warp(logits, batch)
+    for i, p in enumerate(batch):
+        expected = _hf_warp(logits[i : i + 1], p)[0]
+        assert torch.equal(torch.isinf(warped[i]), torch.isinf(expected)), (i, p)
+        finite = ~torch.isinf(expected)
+        torch.testing.assert_close(warped[i][finite], expected[finite])
+
+
+def _hf_warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    if p.temperature != 1.0:
+        scores = TemperatureLogitsWarper(p.temperature)(None, scores)
+    if p.top_k:
+        scores = TopKLogitsWarper(p.top_k)(None, scores)
+    if p.top_p < 1.0:
+        scores = TopPLogitsWarper(p.top_p)(None, scores)
+    if p.typical_p < 1.0:
+        scores = TypicalLogitsWarper(p.typical_p)(None, scores)
+    return scores
+
+
+def test_top_p_only_samples_from_the_nucleus():
+    logits = torch.full((1, V), -10.0)
+    logits[0, :3] = torch.tensor([3.0, 2.5, 2.0])  # the three carry ~all the mass
+    nucleus = set()
+    for seed in range(200):
+        (tok,) = sample(logits, [_row(SamplingParams(do_sample=True, top_p=0.7), seed=seed)])
+        nucleus.add(tok.token_id)
+    # p(0)=0.51, p(1)=0.31: 0.7 needs both, and never the third.
+    assert nucleus == {0, 1}
+
+
+def test_sampling_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, :3] = probs.log()
+    counts = torch.zeros(3)
+    for seed in range(3000):
+        (tok,) = sample(logits, [_row(SamplingParams(do_sample=True), seed=seed)])
+        counts[tok.token_id] += 1
+    torch.testing.assert_close(counts / counts.sum(), probs, atol=0.03, rtol=0)
+
+
+def test_repetition_penalty_matches_transformers():
+    logits = _logits(2, seed=5)
+    prompt = (1, 2, 3, 40)
+    row = _row(SamplingParams(repetition_penalty=1.3), prompt)
+    row.record(7)
+    plain = _row(SamplingParams())
+    out = apply_penalties(logits, [row, plain])
+    ids = torch.tensor([[1, 2, 3, 40, 7]])
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(ids, logits[:1].clone())
+    torch.testing.assert_close(out[0], expected[0])
+    torch.testing.assert_close(out[1], logits[1])
+
+
+def test_frequency_and_presence_count_only_the_output():
+    logits = torch.zeros(1, V)
+    row = _row(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), prompt=(9, 9, 9))
+    for tok in (4, 4, 6):
+        row.record(tok)
+    out = apply_penalties(logits, [row])[0]
+    assert out[4] == pytest.approx(-(2 * 0.5 + 0.25))
+    assert out[6] == pytest.approx(-(0.5 + 0.25))
+    assert out[9] == 0.0  # prompt tokens are not counted
+
+
+def test_penalties_apply_to_greedy_rows():
+    logits = torch.zeros(1, V)
+    logits[0, 3], logits[0, 8] = 2.0, 1.9
+    row = _row(SamplingParams(repetition_penalty=2.0), prompt=(3,))
+    (tok,) = sample(logits, [row])
+    assert tok.token_id == 8
+
+
+def test_seeded_rows_ignore_batch_mates():
+    target = SamplingParams(do_sample=True, temperature=1.2, top_p=0.9, seed=77)
+    logits = _logits(6, seed=6)
+    alone_row = _row(target)
+    alone = [sample(logits[2:3], [alone_row])[0].token_id for _ in range(10)]
+    rows = [_row(SamplingParams(do_sample=True, seed=i)) for i in range(6)]
+    rows[2] = _row(target)
+    rows[4] = _row(SamplingParams())
+    crowded = [sample(logits, rows)[2].token_id for _ in range(10)]
+    assert alone == crowded
+
+
+def test_top_n_is_per_row():
+    logits = _logits(3, seed=7)
+    rows = [_row(SamplingParams(top_n_tokens=n)) for n in (0, 2, 5)]
+    out = sample(logits, rows)
+    assert [len(t.top_tokens) for t in out] == [0, 2, 5]
+
+
+def test_one_host_transfer_per_step(monkeypatch):
+    """The whole batch's results leave the device in a single tolist() call."""
+    calls = {"tolist": 0, "item": 0}
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
+
+    def counting_tolist(self):
+        calls["tolist"] += 1
+        return real_tolist(self)
+
+    def counting_item(self):
+        calls["item"] += 1
+        return real_item(self)
+
+    rows = [
+        _row(SamplingParams(top_n_tokens=2)),
+        _row(SamplingParams(do_sample=True, top_k=5, top_p=0.9, typical_p=0.9, seed=1,
+                            repetition_penalty=1.2, frequency_penalty=0.1), prompt=(1, 2)),
+        _row(SamplingParams(do_sample=True, temperature=0.5, seed=2)),
+    ]
+    logits = _logits(3, seed=8)
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    sample(logits, rows)
+    assert calls == {"tolist": 1, "item": 0}
