@@ -28,6 +28,7 @@ from switchyard_spec import (
     SamplingParams,
     StoppingParams,
     TokenEvent,
+    TopToken,
     WarmupReport,
 )
 
@@ -132,12 +133,9 @@ class XeonEngine(Engine):
             raise EngineStartError(f"xeon warmup failed: {error}")
         seconds = time.perf_counter() - begin
         logger.info("warmup done in %.2fs", seconds)
-        limits = self._scheduler.limits
-        return WarmupReport(
-            seconds=seconds,
-            max_batch_total_tokens=self._scheduler.cache.capacity_tokens,
-            max_batch_size=limits.max_batch_size,
-        )
+        return WarmupReport(seconds=seconds,
+                            max_batch_total_tokens=self._scheduler.cache.capacity_tokens,
+                            max_batch_size=self._scheduler.limits.max_batch_size)
 
     def shutdown(self) -> None:
         """Stop the loop; sequences still live end with ``ABORTED``."""
@@ -259,8 +257,8 @@ class XeonEngine(Engine):
             return FinishReason.LENGTH
         return None
 
-    def _emit(self, seq: Sequence, token_id: int, logprob: float = 0.0, top_tokens: tuple = (),
-              finish: FinishReason | None = None, error: str | None = None) -> None:
+    def _emit(self, seq: Sequence, token_id: int, logprob: float = 0.0,
+              top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None, error: str | None = None) -> None:
         event = TokenEvent(
             request_id=seq.request_id, token_id=token_id, logprob=logprob,
             top_tokens=top_tokens, finish_reason=finish, error=error,
@@ -282,20 +280,16 @@ class XeonEngine(Engine):
         with self._lock:
             self._closed = True
         sched = self._scheduler
-        if sched is not None:
-            for seq in list(sched.running) + list(sched.waiting):
-                sched.finish(seq)
-                self._emit(seq, -1, finish=FinishReason.ABORTED)
-        while True:
-            try:
-                kind, payload, sink = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        for seq in [*sched.running, *sched.waiting] if sched is not None else []:
+            sched.finish(seq)  # type: ignore[union-attr]
+            self._emit(seq, -1, finish=FinishReason.ABORTED)
+        while not self._inbox.empty():
+            kind, request, sink = self._inbox.get_nowait()
             if kind == "submit":
-                rid = payload.request_id  # type: ignore[attr-defined]
-                _deliver(sink, TokenEvent(request_id=rid, token_id=-1,  # type: ignore[arg-type]
+                _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,  # type: ignore
                                           finish_reason=FinishReason.ABORTED))
-        self._publish_stats() if sched is not None else None
+        if sched is not None:
+            self._publish_stats()
 
 
 def _deliver(sink: EventSink, event: TokenEvent) -> None:
