@@ -31,10 +31,14 @@ class Admission:
     limit: int
     in_flight: int = 0
 
-    def acquire(self) -> None:
-        """Take a permit or raise the overloaded error."""
+    def check(self) -> None:
+        """Raise the overloaded error if no permit is free now (taking none)."""
         if self.in_flight >= self.limit:
             raise overloaded_error()
+
+    def acquire(self) -> None:
+        """Take a permit or raise the overloaded error."""
+        self.check()
         self.in_flight += 1
 
     def release(self) -> None:

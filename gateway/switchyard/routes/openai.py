@@ -175,10 +175,13 @@ async def chat_completions(
     ident = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     want_logprobs = bool(data.logprobs)
-    model.admission.acquire()
     if data.stream:
+        # 429 before the stream starts; the stream takes its permit when it runs, so a
+        # stream that never runs holds none.
+        model.admission.check()
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return _sse(_chat_stream(gw, model, plan, ident, created, want_logprobs, include_usage))
+    model.admission.acquire()
     try:
         steps, done = await _run(model, plan, "chat")
     finally:
@@ -225,6 +228,12 @@ async def _chat_stream(
             )
         ).decode()
 
+    try:
+        model.admission.acquire()
+    except ApiError as exc:
+        yield openai_error_json(exc).decode()
+        yield DONE
+        return
     try:
         yield chunk(oai.ChatDelta(role="assistant", content=""), None, None)
         async for step in generate(model, plan, "chat-stream"):
@@ -303,9 +312,10 @@ async def completions(
     prompts = [data.prompt] if isinstance(data.prompt, str) else list(data.prompt)
     ident = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    model.admission.acquire()
     if data.stream:
+        model.admission.check()
         return _sse(_completion_stream(gw, model, plans, prompts, data.echo, ident, created))
+    model.admission.acquire()
     try:
         results = await asyncio.gather(*(_run(model, p, "cmpl") for p in plans))
     finally:
@@ -355,6 +365,12 @@ async def _completion_stream(
                            system_fingerprint=gw.system_fingerprint, choices=[choice])
         ).decode()
 
+    try:
+        model.admission.acquire()
+    except ApiError as exc:
+        yield openai_error_json(exc).decode()
+        yield DONE
+        return
     tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(plans)]
     try:
         if echo:
