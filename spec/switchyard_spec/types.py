@@ -59,6 +59,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """Subtracted once if the token occurred in the output (OpenAI semantics); 0 is off."""
     top_n_tokens: int = 0
     """How many most likely alternatives to report with each token."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the raw logits before any other processing
+    (OpenAI's `logit_bias`; -100 effectively bans a token)."""
+    watermark: bool = False
+    """Bias sampling towards a green list seeded by the previous token (Kirchenbauer
+    et al. 2023, as TGI: gamma `WATERMARK_GAMMA`=0.5, delta `WATERMARK_DELTA`=2.0)."""
 
 
 class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +93,9 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     stopping: StoppingParams
     logprobs: bool = True
     """Whether the engine must compute the chosen token's log-probability."""
+    prompt_logprobs: bool = False
+    """Whether the engine must report the log-probability of each prompt token
+    (TGI's `decoder_input_details`), on the sequence's first event."""
 
 
 class TopToken(msgspec.Struct, frozen=True, array_like=True):
@@ -113,6 +122,10 @@ class TokenEvent(msgspec.Struct, frozen=True, kw_only=True):
     """The seed that sampled this sequence; None for greedy."""
     prompt_tokens: int = 0
     """Length of the prompt as the engine saw it (set on the first event)."""
+    prompt_logprobs: tuple[float, ...] = ()
+    """With ``EngineRequest.prompt_logprobs``, on the first event only: the
+    log-probability of prompt token ``i + 1`` given tokens ``0..i``, so one fewer
+    entry than the prompt has tokens (the first token has none)."""
     error: str | None = None
 
 
