@@ -35,7 +35,7 @@ from switchyard_spec import (
 from switchyard_xeon import attention, machine
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.kv_cache import BLOCK_SIZE, KVCache, cache_shape
-from switchyard_xeon.runner import ModelRunner
+from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler, Sequence
 
 logger = logging.getLogger("switchyard.xeon")
@@ -75,7 +75,10 @@ class XeonEngine(Engine):
                 f"xeon engine: quantization {self.config.quantize!r} is not supported yet"
             )
         cpu = machine.read_cpu_info()
-        threads = int(self.config.options.get("num_threads", 0) or cpu.physical_cores)
+        try:
+            threads = int(self.config.options.get("num_threads", 0) or cpu.physical_cores)
+        except ValueError:
+            raise EngineStartError("xeon option num_threads must be an integer") from None
         torch.set_num_threads(threads)
         logger.info("%s: torch uses %d threads", cpu.describe(), threads)
 
@@ -87,6 +90,7 @@ class XeonEngine(Engine):
             attn_implementation=attention.register(),
         )
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
+        check_supported(loaded.model)
         shape = cache_shape(loaded.model.config)
         limits, total_tokens = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()

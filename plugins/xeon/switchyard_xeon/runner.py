@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence as Seq
+
 import torch
 
 from switchyard.engine.sampling import SampledToken, sample
+from switchyard_spec import EngineStartError
 
 from switchyard_xeon.attention import STEP_KWARG, StepMetadata
 from switchyard_xeon.kv_cache import KVCache
 from switchyard_xeon.scheduler import Sequence
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise EngineStartError unless the architecture can run on the packed path.
+
+    The engine needs transformers' pluggable attention (to reach its cache)
+    and ``logits_to_keep`` (to project only last tokens onto the vocabulary).
+    """
+    name = type(model).__name__
+    if not getattr(type(model), "_supports_attention_backend", False):
+        raise EngineStartError(f"{name} does not use transformers' attention interface")
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        raise EngineStartError(f"{name}.forward does not accept logits_to_keep")
 
 
 class ModelRunner:
