@@ -107,5 +107,68 @@ def plugins() -> None:
             click.echo(f"  {name:<12} {method.description}")
 
 
+@main.command()
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True,
+              help="Server root (a trailing /v1 is fine): Switchyard, TGI, vLLM, ...")
+@click.option("--api", default="tgi", show_default=True,
+              type=click.Choice(["tgi", "openai-chat", "openai-completions"]),
+              help="tgi: /generate_stream; openai-chat: /v1/chat/completions; "
+                   "openai-completions: /v1/completions.")
+@click.option("--model", default=None, help="`model` for the OpenAI APIs. Default: the server's.")
+@click.option("--api-key", envvar="SWITCHYARD_BENCH_API_KEY", default=None,
+              help="Sent as `Authorization: Bearer <key>`.")
+@click.option("--profile", default="default", show_default=True,
+              help="smoke, quick, default, fixed-length or chat; the options below override it.")
+@click.option("--rates", default=None, help="Constant request rates, e.g. 0.5,1,2 (req/s). "
+                                            "Default: a sweep up to the measured max throughput.")
+@click.option("--rate-steps", type=int, default=None, help="Rates in an automatic sweep.")
+@click.option("--duration", type=float, default=None, help="Seconds per measured phase.")
+@click.option("--max-requests", type=int, default=None, help="Request cap per phase.")
+@click.option("--concurrency", type=int, default=None, help="Users in the max-throughput phase.")
+@click.option("--no-throughput", is_flag=True, help="Skip the max-throughput phase (needs --rates).")
+@click.option("--warmup", type=int, default=None, help="Warmup requests, sent one at a time.")
+@click.option("--input-tokens", default=None, help="Prompt tokens: N, or LOW:HIGH sampled.")
+@click.option("--output-tokens", default=None, help="max_new_tokens: N, or LOW:HIGH sampled.")
+@click.option("--arrival", type=click.Choice(["poisson", "uniform"]), default=None,
+              help="Arrivals of the constant-rate phases (profile default: poisson).")
+@click.option("--request-timeout", type=float, default=None, help="Seconds per request.")
+@click.option("--tokenizer", default=None,
+              help="Local tokenizer (model folder or tokenizer.json) to count prompt tokens; "
+                   "'server' (its /tokenize) or 'words'. Default: server, else words.")
+@click.option("--ignore-eos", is_flag=True,
+              help="Ask OpenAI-compatible servers to ignore EOS (vLLM's ignore_eos). Switchyard "
+                   "and TGI: start them with TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN=true.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 is greedy.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds prompts, lengths and arrivals.")
+@click.option("--out", "out_dir", default="bench-out", show_default=True,
+              help="Folder for bench.json, bench.md and the PNG plots.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def bench(**options: object) -> None:
+    """Benchmark a TGI or OpenAI-compatible server: warmup, max throughput, constant rates."""
+    from switchyard.bench.command import bench_from_cli
+
+    bench_from_cli(options)
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the document to this file instead of standard output.")
+def openapi(output: str | None) -> None:
+    """Print the HTTP API's OpenAPI document, as served at /openapi.json.
+
+    `switchyard openapi -o spec/openapi.json` regenerates the checked-in copy.
+    """
+    from switchyard.openapi import render_document
+
+    text = render_document()
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+
+
 if __name__ == "__main__":
     main()
