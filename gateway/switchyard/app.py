@@ -22,7 +22,7 @@ from switchyard import __version__
 from switchyard.models.loader import load_model
 from switchyard.models.served import ServedModel
 from switchyard.plugins import PluginHost
-from switchyard.routes import ops, openai, tgi
+from switchyard.routes import openai, ops, sagemaker, tgi
 from switchyard.settings import ServeSettings
 from switchyard.state import Gateway
 
@@ -55,7 +55,7 @@ def create_app(
                 await asyncio.to_thread(model.engine.shutdown)
 
     return Litestar(
-        route_handlers=[ops.router, tgi.router, openai.router],
+        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router],
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False)},
         lifespan=[lifespan],
         request_max_body_size=settings.payload_limit,

@@ -62,6 +62,8 @@ def main() -> None:
 @click.option("--max-batch-total-tokens", envvar="MAX_BATCH_TOTAL_TOKENS", type=int, default=0)
 @click.option("--payload-limit", envvar="PAYLOAD_LIMIT", type=int, default=2_000_000,
               show_default=True)
+@click.option("--api-key", envvar="API_KEY", default=None,
+              help="Require `Authorization: Bearer <key>` on the generation routes.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(**options: object) -> None:

@@ -35,6 +35,9 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     max_batch_prefill_tokens: int = 0
     max_batch_total_tokens: int = 0
     payload_limit: int = 2_000_000
+    """Largest request body in bytes; larger ones get a 413."""
+    api_key: str | None = None
+    """When set, generation routes require `Authorization: Bearer <api_key>`."""
     log_level: str = "info"
 
 

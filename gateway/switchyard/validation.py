@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 
 import msgspec
+from msgspec.structs import replace
 
 from switchyard.errors import ApiError, validation_error
 from switchyard.protocol.tgi import GenerateParameters
@@ -34,6 +35,8 @@ class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
     details: bool = False
     return_full_text: bool = False
     max_new_tokens_given: bool = False
+    prompt_logprobs: bool = False
+    """Ask the engine for the prompt tokens' log-probabilities (TGI's `decoder_input_details`)."""
 
 
 def _sampling_enabled(p: GenerateParameters) -> bool:
@@ -47,11 +50,22 @@ def _sampling_enabled(p: GenerateParameters) -> bool:
     )
 
 
+def _sampling_requested(p: GenerateParameters) -> bool:
+    """TGI's test for `best_of`: sampling asked for, or any warper given at all."""
+    return bool(
+        p.do_sample
+        or p.temperature is not None
+        or p.top_k is not None
+        or p.top_p is not None
+        or p.typical_p is not None
+    )
+
+
 def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
     """The parameter checks that need no tokenizer, in TGI's order."""
     best_of = p.best_of if p.best_of is not None else 1
     if best_of > 1:
-        if not _sampling_enabled(p):
+        if not _sampling_requested(p):
             raise validation_error("you must use sampling when `best_of` is > 1", param="best_of")
         if settings.max_best_of == 1:
             raise validation_error("`best_of` != 1 is not allowed for this endpoint", param="best_of")
@@ -99,10 +113,6 @@ def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
             param="top_n_tokens",
         )
     # Capabilities this build does not have yet get a validation error that names them.
-    if best_of > 1:
-        raise validation_error("`best_of` > 1 is not supported by this server yet", param="best_of")
-    if p.watermark:
-        raise validation_error("`watermark` is not supported by this server", param="watermark")
     if p.grammar is not None:
         raise validation_error("grammar is not supported", param="grammar")
     if p.adapter_id is not None:
@@ -131,9 +141,14 @@ def build_plan(
     eos_token_ids: tuple[int, ...],
     *,
     presence_penalty: float = 0.0,
+    logit_bias: tuple[tuple[int, float], ...] = (),
     include_stop: bool = True,
 ) -> GenerationPlan:
-    """Apply truncation and the token limits, then build the engine's parameters."""
+    """Apply truncation and the token limits, then build the engine's parameters.
+
+    `presence_penalty` and `logit_bias` come from the OpenAI routes only (TGI's
+    parameters have neither); they arrive validated.
+    """
     if p.truncate is not None and len(prompt_ids) > p.truncate:
         prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the last tokens
     n_in = len(prompt_ids)
@@ -162,7 +177,9 @@ def build_plan(
             f"Given: {n_in} `inputs` tokens and 0 `max_new_tokens`",
             param="max_new_tokens",
         )
-    sampling = _sampling_enabled(p)
+    # best_of > 1 passed check_parameters only if sampling was asked for; N greedy
+    # copies of one sequence would make it pointless, so it always samples.
+    sampling = _sampling_enabled(p) or (p.best_of or 1) > 1
     seed = p.seed if p.seed is not None else (secrets.randbits(63) if sampling else None)
     return GenerationPlan(
         prompt_ids=tuple(prompt_ids),
@@ -177,6 +194,8 @@ def build_plan(
             frequency_penalty=p.frequency_penalty or 0.0,
             presence_penalty=presence_penalty,
             top_n_tokens=p.top_n_tokens or 0,
+            logit_bias=logit_bias,
+            watermark=p.watermark,
         ),
         stopping=StoppingParams(max_new_tokens=cap, eos_token_ids=eos_token_ids),
         stop_strings=tuple(s for s in p.stop if s),
@@ -184,7 +203,27 @@ def build_plan(
         details=p.details or p.decoder_input_details,
         return_full_text=bool(p.return_full_text),
         max_new_tokens_given=p.max_new_tokens is not None,
+        prompt_logprobs=p.decoder_input_details,
     )
 
 
-__all__ = ["ApiError", "GenerationPlan", "build_plan", "check_inputs", "check_parameters"]
+def fan_out(plan: GenerationPlan, n: int) -> list[GenerationPlan]:
+    """`n` plans for independent sequences of one prompt (OpenAI `n`, TGI `best_of`).
+
+    Sampled copies get consecutive seeds, so the first one is the plan itself
+    (the same text as `n=1` with that seed) and a seeded request stays
+    reproducible; greedy copies are identical. Prompt log-probabilities are the
+    same for every copy, so only the first asks the engine for them.
+    """
+    plans = [plan]
+    for i in range(1, n):
+        sampling = plan.sampling
+        if sampling.do_sample and sampling.seed is not None:
+            sampling = replace(sampling, seed=(sampling.seed + i) % 2**64)
+        plans.append(replace(plan, sampling=sampling, prompt_logprobs=False))
+    return plans
+
+
+__all__ = [
+    "ApiError", "GenerationPlan", "build_plan", "check_inputs", "check_parameters", "fan_out",
+]

@@ -1,9 +1,12 @@
 """One served model: its tokenizer, its engine, its limits and its admission control.
 
-`ServedModel.stream` is the only way the HTTP side talks to an engine: it hands
-a request to the engine's own thread and turns the engine's callbacks into an
-async iterator on the event loop, aborting the sequence if the consumer stops
-early (a client that disconnects, a stop string that matched).
+`ServedModel.submit` is the only way the HTTP side talks to an engine: it hands
+a request to the engine's own thread at once and returns an `EventStream`, an
+async iterator over the engine's callbacks on the event loop. Closing the
+stream early aborts the sequence (a client that disconnects, a stop string
+that matched). Submitting is synchronous on purpose: the sequences of one HTTP
+request (OpenAI `n`, TGI `best_of`) are handed over back to back, with no
+await in between, so the engine admits them into the same batch.
 """
 
 from __future__ import annotations
@@ -11,17 +14,28 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from switchyard.errors import overloaded_error
 from switchyard.settings import TokenLimits
 from switchyard.text import TextTokenizer
-from switchyard_spec import Engine, EngineRequest, EngineSpec, FinishReason, ModelInfo, TokenEvent
+from switchyard_spec import (
+    Engine,
+    EngineRequest,
+    EngineSpec,
+    FinishReason,
+    ModelInfo,
+    SamplingParams,
+    StoppingParams,
+    TokenEvent,
+)
 
 log = logging.getLogger("switchyard.models")
 
 _request_counter = itertools.count()
+
+HEALTH_PROBE_TIMEOUT_S = 30.0
+"""How long a health probe's 1-token generation may take before the model counts as down."""
 
 
 @dataclass
@@ -46,6 +60,44 @@ class Admission:
         self.in_flight -= 1
 
 
+class EventStream:
+    """The token events of one submitted sequence, read on the event loop.
+
+    Iterating yields events until the one that ends the sequence (a
+    `finish_reason` or an `error`). `close` aborts the sequence in the engine if
+    it has not ended; it is idempotent and safe to call from a `finally`.
+    """
+
+    def __init__(self, engine: Engine, request: EngineRequest) -> None:
+        self.request_id = request.request_id
+        self._engine = engine
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._ended = False
+        engine.submit(request, self._sink)
+
+    def _sink(self, event: TokenEvent) -> None:
+        # Called on the engine thread: hop onto the event loop without blocking.
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.finish_reason is not None or event.error is not None:
+            self._ended = True
+        return event
+
+    def close(self) -> None:
+        """Abort the sequence unless it already ended."""
+        if not self._ended:
+            self._ended = True
+            self._engine.abort(self.request_id)
+
+
 @dataclass
 class ServedModel:
     """A model the gateway serves, bound to the engine that runs it."""
@@ -59,32 +111,56 @@ class ServedModel:
     limits: TokenLimits
     admission: Admission
     aliases: frozenset[str] = field(default_factory=frozenset)
+    healthy: bool = True
+    """Last known state: false after a generation error, until a sequence or a
+    health probe succeeds again (TGI's backend health flag)."""
+    _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
-    async def stream(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
-        """Submit a request and yield its token events until the one that ends it.
+    def submit(self, request: EngineRequest) -> EventStream:
+        """Hand `request` to the engine now; read its events from the returned stream."""
+        return EventStream(self.engine, request)
 
-        Closing the iterator early aborts the sequence in the engine.
+    async def check_health(self, timeout: float = HEALTH_PROBE_TIMEOUT_S) -> bool:
+        """Whether the model can serve, probing the engine when the last state was bad.
+
+        A healthy last state costs nothing beyond the engine's own liveness
+        check. After a failure a real 1-token generation runs through the
+        engine (one probe at a time) and its outcome becomes the new state.
         """
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        if not self.engine.healthy():
+            self.healthy = False
+            return False
+        if self.healthy:
+            return True
+        async with self._probe_lock:
+            if not self.healthy:  # another caller's probe may have settled it meanwhile
+                self.healthy = await self._probe(timeout)
+        return self.healthy
 
-        def sink(event: TokenEvent) -> None:
-            # Called on the engine thread: hop onto the event loop without blocking.
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-
-        self.engine.submit(request, sink)
-        ended = False
+    async def _probe(self, timeout: float) -> bool:
+        ids = self.tokenizer.encode("health", add_special_tokens=True)[-1:] or [0]
+        request = EngineRequest(
+            request_id=new_request_id("health"),
+            prompt_token_ids=tuple(ids),
+            sampling=SamplingParams(),
+            stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),
+            logprobs=False,
+        )
+        events = self.submit(request)
         try:
-            while True:
-                event = await queue.get()
-                if event.finish_reason is not None or event.error is not None:
-                    ended = True
-                yield event
-                if ended:
-                    return
+            async with asyncio.timeout(timeout):
+                async for event in events:
+                    if event.error is not None or event.finish_reason is FinishReason.ABORTED:
+                        log.warning("health probe of %s failed: %s", self.name,
+                                    event.error or "aborted")
+                        return False
+        except TimeoutError:
+            log.warning("health probe of %s timed out after %.0fs", self.name, timeout)
+            return False
         finally:
-            if not ended:
-                self.engine.abort(request.request_id)
+            events.close()
+        log.info("health probe of %s succeeded", self.name)
+        return True
 
 
 def new_request_id(prefix: str) -> str:
@@ -92,4 +168,4 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{next(_request_counter)}"
 
 
-__all__ = ["Admission", "FinishReason", "ServedModel", "new_request_id"]
+__all__ = ["Admission", "EventStream", "FinishReason", "ServedModel", "new_request_id"]

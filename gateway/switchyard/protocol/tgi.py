@@ -69,6 +69,18 @@ class PrefillToken(msgspec.Struct):
 FinishReasonWire = Literal["length", "eos_token", "stop_sequence"]
 
 
+class BestOfSequence(msgspec.Struct):
+    """A `best_of` candidate that lost to the one in the response (lower mean logprob)."""
+
+    generated_text: str
+    finish_reason: FinishReasonWire
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken]
+    tokens: list[Token]
+    top_tokens: list[list[Token]] | msgspec.UnsetType = msgspec.UNSET
+
+
 class Details(msgspec.Struct):
     """`details` of a non-streamed response. `top_tokens` is omitted unless asked for."""
 
@@ -78,6 +90,8 @@ class Details(msgspec.Struct):
     prefill: list[PrefillToken]
     tokens: list[Token]
     top_tokens: list[list[Token]] | msgspec.UnsetType = msgspec.UNSET
+    best_of_sequences: list[BestOfSequence] | msgspec.UnsetType = msgspec.UNSET
+    """Present only when `best_of` > 1."""
 
 
 class GenerateResponse(msgspec.Struct):
@@ -121,6 +135,13 @@ class SimpleToken(msgspec.Struct):
     text: str
     start: int
     stop: int
+
+
+class ChatTokenizeResponse(msgspec.Struct):
+    """Body of `POST /chat_tokenize`: the rendered chat template and its tokens."""
+
+    tokenize_response: list[SimpleToken]
+    templated_text: str
 
 
 class Info(msgspec.Struct):

@@ -2,8 +2,9 @@
 
 TGI routes answer `{"error", "error_type"}`; OpenAI routes answer
 `{"error": {"message", "type", "param", "code"}}`. Body decoding errors
-(malformed JSON, wrong types) are caught here too, so a client never sees
-Litestar's own format on an API route.
+(malformed JSON, wrong types) and an over-large body are caught here too, so a
+client never sees Litestar's own format on an API route. A missing API key is
+the exception: TGI answers it with a bare 401, and so do we.
 """
 
 from __future__ import annotations
@@ -12,21 +13,43 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 from switchyard.errors import ApiError
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
+from switchyard.routes.auth import MissingApiKey
 
 log = logging.getLogger("switchyard.http")
 
 Handler = Callable[[Request[Any, Any, Any], Exception], Response[Any]]
 
+PAYLOAD_TOO_LARGE = "payload_too_large"
 
-def _as_api_error(exc: Exception) -> ApiError:
+
+def _payload_too_large(request: Request[Any, Any, Any] | None) -> ApiError:
+    limit = request.route_handler.resolve_request_max_body_size() if request is not None else None
+    size = f" of {limit} bytes" if limit else ""
+    return ApiError(
+        413,
+        f"Payload too large: the request body exceeds the payload limit{size} (--payload-limit)",
+        PAYLOAD_TOO_LARGE,
+        code=PAYLOAD_TOO_LARGE,
+    )
+
+
+def as_api_error(exc: Exception, request: Request[Any, Any, Any] | None = None) -> ApiError:
+    """The `ApiError` that describes `exc` (a 500 for anything unexpected, logged)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
+        # Bodies a route decodes itself (e.g. /invocations) fail here rather than in Litestar.
+        malformed = isinstance(exc, msgspec.DecodeError) and not isinstance(
+            exc, msgspec.ValidationError)
+        return ApiError(400 if malformed else 422, f"Input validation error: {exc}", "validation")
     if isinstance(exc, ValidationException):
         # Litestar reports body decoding problems here: say what was wrong.
         extra = exc.extra if isinstance(exc.extra, list) else []
@@ -43,47 +66,58 @@ def _as_api_error(exc: Exception) -> ApiError:
             "validation",
         )
     if isinstance(exc, HTTPException):
+        if exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
+            return _payload_too_large(request)
         if exc.status_code == 400:  # Litestar's word for a body it could not parse
             return ApiError(400, f"Input validation error: {exc.detail}", "validation")
         return ApiError(exc.status_code, exc.detail, "invalid_request_error")
-    log.exception("unexpected error while serving a request")
+    log.error("unexpected error while serving a request", exc_info=exc)
     return ApiError(500, f"Internal error: {exc.__class__.__name__}", "internal")
 
 
-def _tgi_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    err = _as_api_error(exc)
+def _unauthorized() -> Response[bytes]:
+    return Response(b"", status_code=401)
+
+
+def tgi_error_response(exc: Exception, request: Request[Any, Any, Any] | None = None) -> Response[Any]:
+    """`exc` as a TGI error response."""
+    if isinstance(exc, MissingApiKey):
+        return _unauthorized()
+    err = as_api_error(exc, request)
     return Response(tgi.ErrorResponse(error=err.message, error_type=err.error_type),
                     status_code=err.status)
 
 
-def _openai_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    err = _as_api_error(exc)
+def _openai_detail(err: ApiError) -> oai.ErrorResponse:
+    # TGI's "validation" is OpenAI's "invalid_request_error"; so is an over-large body.
     kind = err.error_type
-    if kind == "validation":
+    if kind in ("validation", PAYLOAD_TOO_LARGE):
         kind = "invalid_request_error"
-    body = oai.ErrorResponse(
+    return oai.ErrorResponse(
         error=oai.ErrorDetail(message=err.message, type=kind, param=err.param, code=err.code)
     )
-    return Response(body, status_code=err.status)
+
+
+def openai_error_response(
+    exc: Exception, request: Request[Any, Any, Any] | None = None
+) -> Response[Any]:
+    """`exc` as an OpenAI error response."""
+    if isinstance(exc, MissingApiKey):
+        return _unauthorized()
+    err = as_api_error(exc, request)
+    return Response(_openai_detail(err), status_code=err.status)
 
 
 def tgi_exception_handlers() -> dict[type[Exception], Handler]:
     """Exception handlers for TGI routes."""
-    return {Exception: _tgi_response}
+    return {Exception: lambda request, exc: tgi_error_response(exc, request)}
 
 
 def openai_exception_handlers() -> dict[type[Exception], Handler]:
     """Exception handlers for OpenAI routes."""
-    return {Exception: _openai_response}
+    return {Exception: lambda request, exc: openai_error_response(exc, request)}
 
 
 def openai_error_json(err: ApiError) -> bytes:
     """An OpenAI-style error as raw JSON, for errors raised after a stream began."""
-    import msgspec
-
-    kind = "invalid_request_error" if err.error_type == "validation" else err.error_type
-    return msgspec.json.encode(
-        oai.ErrorResponse(
-            error=oai.ErrorDetail(message=err.message, type=kind, param=err.param, code=err.code)
-        )
-    )
+    return msgspec.json.encode(_openai_detail(err))

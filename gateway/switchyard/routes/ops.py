@@ -14,8 +14,14 @@ _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"])
 async def health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
-    """200 once every model is loaded and warmed up and its engine is alive; 503 before."""
-    ok = gw.ready and all(m.engine.healthy() for m in gw.registry.models())
+    """200 once every model is loaded and warmed up and can generate; 503 otherwise.
+
+    A model whose last generation failed is probed with a real 1-token
+    generation, and the answer follows the probe (TGI's health check).
+    """
+    ok = gw.ready
+    for model in gw.registry.models():
+        ok = await model.check_health() and ok
     if ok:
         return Response(b"", status_code=200)
     return Response(_UNHEALTHY, status_code=503)

@@ -1,4 +1,4 @@
-"""TGI's generation routes: `/generate`, `/generate_stream`, `/` and `/tokenize`.
+"""TGI's generation routes: `/generate`, `/generate_stream`, `/`, `/tokenize`, `/chat_tokenize`.
 
 Quirks kept on purpose because TGI clients rely on them: absent `parameters`
 means sampling; the compat route answers a JSON array; stream errors arrive
@@ -14,14 +14,23 @@ import msgspec
 from litestar import Response, Router, get, post
 from litestar.response import ServerSentEvent
 
-from switchyard.errors import ApiError
-from switchyard.generation import Finished, GeneratedToken, generate
+from switchyard.errors import ApiError, validation_error
+from switchyard.generation import Completed, GeneratedToken, collect_all, start, start_all
 from switchyard.models.served import ServedModel
+from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
+from switchyard.routes.auth import require_api_key
 from switchyard.routes.errors import tgi_exception_handlers
+from switchyard.routes.openai_plans import chat_prompt
 from switchyard.routes.ops import health
 from switchyard.state import Gateway
-from switchyard.validation import GenerationPlan, build_plan, check_inputs, check_parameters
+from switchyard.validation import (
+    GenerationPlan,
+    build_plan,
+    check_inputs,
+    check_parameters,
+    fan_out,
+)
 
 COMPUTE_TYPE = "cpu+optimized"
 
@@ -52,56 +61,102 @@ def _top_tokens(model: ServedModel, token: GeneratedToken) -> list[tgi.Token]:
     ]
 
 
-class _Collected(msgspec.Struct):
-    tokens: list[GeneratedToken]
-    finished: Finished
+def _prefill(model: ServedModel, plan: GenerationPlan, result: Completed) -> list[tgi.PrefillToken]:
+    """`details.prefill`: each prompt token with its log-probability; the first has none.
+
+    Empty when not asked for, or when the engine reported no prompt log-probabilities
+    (what TGI answers without `--enable-prefill-logprobs`).
+    """
+    logprobs = result.finished.prompt_logprobs
+    if not plan.prompt_logprobs or not logprobs:
+        return []
+    tok = model.tokenizer
+    return [
+        tgi.PrefillToken(id=token_id, text=tok.token_text(token_id), logprob=logprob)
+        for token_id, logprob in zip(plan.prompt_ids, (None, *logprobs))
+    ]
 
 
-async def _collect(model: ServedModel, plan: GenerationPlan) -> _Collected:
-    tokens: list[GeneratedToken] = []
-    async for step in generate(model, plan, "tgi"):
-        tokens.append(step.token)
-        if step.finished is not None:
-            return _Collected(tokens=tokens, finished=step.finished)
-    raise ApiError(500, "Incomplete generation", "incomplete_generation")
+def _full_text(request: tgi.GenerateRequest, plan: GenerationPlan, text: str) -> str:
+    return request.inputs + text if plan.return_full_text else text
+
+
+def _details(
+    model: ServedModel, plan: GenerationPlan, result: Completed, prefill: list[tgi.PrefillToken]
+) -> tgi.Details:
+    done = result.finished
+    top = ([_top_tokens(model, s.token) for s in result.steps]
+           if plan.sampling.top_n_tokens else msgspec.UNSET)
+    return tgi.Details(
+        finish_reason=done.reason.value,
+        generated_tokens=done.generated_tokens,
+        seed=done.seed,
+        prefill=prefill,
+        tokens=[_token(s.token) for s in result.steps],
+        top_tokens=top,
+    )
+
+
+def _best_of_sequence(
+    model: ServedModel,
+    request: tgi.GenerateRequest,
+    plan: GenerationPlan,
+    result: Completed,
+    prefill: list[tgi.PrefillToken],
+) -> tgi.BestOfSequence:
+    d = _details(model, plan, result, prefill)
+    return tgi.BestOfSequence(
+        generated_text=_full_text(request, plan, result.finished.generated_text),
+        finish_reason=d.finish_reason,
+        generated_tokens=d.generated_tokens,
+        seed=d.seed,
+        prefill=d.prefill,
+        tokens=d.tokens,
+        top_tokens=d.top_tokens,
+    )
 
 
 async def run_generate(
     gw: Gateway, request: tgi.GenerateRequest
 ) -> tuple[tgi.GenerateResponse, dict[str, str]]:
-    """Run one non-streamed generation; returns the body and TGI's timing headers."""
-    start = time.perf_counter()
+    """Run one non-streamed generation; returns the body and TGI's timing headers.
+
+    With `best_of` = N, N sampled sequences run together; the one with the
+    highest mean token log-probability answers and the others are reported in
+    `details.best_of_sequences`.
+    """
+    start_time = time.perf_counter()
     model = gw.model()
     plan = plan_tgi(gw, model, request)
+    best_of = _parameters(request).best_of or 1
     validated = time.perf_counter()
     model.admission.acquire()
     try:
-        result = await _collect(model, plan)
+        results = await collect_all(start_all(model, fan_out(plan, best_of), "tgi"))
     finally:
         model.admission.release()
     end = time.perf_counter()
+    # max() keeps the first of equal scores: ties go to the lowest index, as in TGI.
+    winner = max(range(len(results)), key=lambda i: results[i].mean_logprob)
+    result = results[winner]
     done = result.finished
-    text = done.generated_text
-    if plan.return_full_text:
-        text = request.inputs + text
-    body = tgi.GenerateResponse(generated_text=text)
+    body = tgi.GenerateResponse(generated_text=_full_text(request, plan, done.generated_text))
     if plan.details:
-        top = [_top_tokens(model, t) for t in result.tokens] if plan.sampling.top_n_tokens else None
-        body.details = tgi.Details(
-            finish_reason=done.reason.value,
-            generated_tokens=done.generated_tokens,
-            seed=done.seed,
-            prefill=[],
-            tokens=[_token(t) for t in result.tokens],
-            top_tokens=top if top is not None else msgspec.UNSET,
-        )
+        # Prompt log-probabilities do not depend on sampling: the first run's serve all.
+        prefill = _prefill(model, plan, results[0])
+        body.details = _details(model, plan, result, prefill)
+        if best_of > 1:
+            body.details.best_of_sequences = [
+                _best_of_sequence(model, request, plan, other, prefill)
+                for i, other in enumerate(results) if i != winner
+            ]
     inference = end - validated
     headers = {
         "x-compute-type": COMPUTE_TYPE,
-        "x-compute-time": f"{end - start:.6f}",
+        "x-compute-time": f"{end - start_time:.6f}",
         "x-compute-characters": str(len(request.inputs)),
-        "x-total-time": str(int((end - start) * 1000)),
-        "x-validation-time": str(int((validated - start) * 1000)),
+        "x-total-time": str(int((end - start_time) * 1000)),
+        "x-validation-time": str(int((validated - start_time) * 1000)),
         "x-queue-time": "0",
         "x-inference-time": str(int(inference * 1000)),
         "x-time-per-token": str(int(inference * 1000 / max(done.generated_tokens, 1))),
@@ -115,33 +170,38 @@ def _error_event(exc: ApiError) -> str:
     return msgspec.json.encode(tgi.ErrorResponse(error=exc.message, error_type=exc.error_type)).decode()
 
 
+def _check_streamable(params: tgi.GenerateParameters) -> None:
+    if params.best_of not in (None, 1):
+        raise validation_error("`best_of` != 1 is not supported when streaming tokens",
+                               param="best_of")
+    if params.decoder_input_details:
+        raise validation_error(
+            "`decoder_input_details` == true is not supported when streaming tokens",
+            param="decoder_input_details",
+        )
+
+
 async def stream_events(gw: Gateway, request: tgi.GenerateRequest) -> AsyncIterator[str]:
     """TGI's SSE events for one request; errors become an in-stream error event."""
     try:
         model = gw.model()
-        params = _parameters(request)
-        if params.best_of not in (None, 1):
-            raise ApiError(422, "Input validation error: `best_of` != 1 is not supported when "
-                           "streaming tokens", "validation")
-        if params.decoder_input_details:
-            raise ApiError(422, "Input validation error: `decoder_input_details` == true is not "
-                           "supported when streaming tokens", "validation")
+        _check_streamable(_parameters(request))
         plan = plan_tgi(gw, model, request)
         model.admission.acquire()
     except ApiError as exc:
         yield _error_event(exc)
         return
+    run = start(model, plan, "tgi-stream")
     try:
         index = 0
-        async for step in generate(model, plan, "tgi-stream"):
+        async for step in run.steps():
             index += 1
             event = tgi.StreamResponse(index=index, token=_token(step.token))
             if plan.sampling.top_n_tokens:
                 event.top_tokens = _top_tokens(model, step.token)
             done = step.finished
             if done is not None:
-                text = done.generated_text
-                event.generated_text = request.inputs + text if plan.return_full_text else text
+                event.generated_text = _full_text(request, plan, done.generated_text)
                 if plan.details:
                     event.details = tgi.StreamDetails(
                         finish_reason=done.reason.value,
@@ -153,6 +213,7 @@ async def stream_events(gw: Gateway, request: tgi.GenerateRequest) -> AsyncItera
     except ApiError as exc:
         yield _error_event(exc)
     finally:
+        run.close()
         model.admission.release()
 
 
@@ -169,28 +230,38 @@ def sse(events: AsyncIterator[str], characters: int) -> ServerSentEvent:
     )
 
 
-@post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"])
+async def compat_response(
+    gw: Gateway, data: tgi.CompatGenerateRequest
+) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
+    """TGI's compatibility answer: a JSON array, or a stream when `stream` is true."""
+    if data.stream:
+        return sse(stream_events(gw, data), len(data.inputs))
+    body, headers = await run_generate(gw, data)
+    return Response([body], headers=headers, status_code=200)
+
+
+@post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"],
+      guards=[require_api_key])
 async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
     body, headers = await run_generate(gw, data)
     return Response(body, headers=headers, status_code=200)
 
 
-@post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)", tags=["Text Generation Inference"])
+@post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
+      tags=["Text Generation Inference"], guards=[require_api_key])
 async def generate_stream_route(gw: Gateway, data: tgi.GenerateRequest) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
     return sse(stream_events(gw, data), len(data.inputs))
 
 
-@post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"])
+@post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"],
+      guards=[require_api_key])
 async def compat_route(
     gw: Gateway, data: tgi.CompatGenerateRequest
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility route: a JSON array, or a stream when `stream` is true."""
-    if data.stream:
-        return sse(stream_events(gw, data), len(data.inputs))
-    body, headers = await run_generate(gw, data)
-    return Response([body], headers=headers, status_code=200)
+    return await compat_response(gw, data)
 
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],
@@ -200,22 +271,38 @@ async def root_health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
     return await health.fn(gw)
 
 
-@post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"])
+@post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"],
+      guards=[require_api_key])
 async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.SimpleToken]:
     """Tokenize `inputs` as the model sees them, with offsets into the text."""
     model = gw.model()
     if not data.inputs:
-        raise ApiError(422, "Input validation error: `inputs` cannot be empty", "validation")
+        raise validation_error("`inputs` cannot be empty", param="inputs")
     return [
         tgi.SimpleToken(id=t.id, text=t.text, start=t.start, stop=t.stop)
         for t in model.tokenizer.encode_with_offsets(data.inputs, add_special_tokens=True)
     ]
 
 
+@post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
+      tags=["Text Generation Inference"], guards=[require_api_key])
+async def chat_tokenize_route(gw: Gateway, data: oai.ChatCompletionRequest) -> tgi.ChatTokenizeResponse:
+    """Render the chat template for `messages` and tokenize the result as chat requests are."""
+    model = gw.model(data.model)
+    text = chat_prompt(model, data)
+    spans = model.tokenizer.encode_with_offsets(text, add_special_tokens=False)
+    return tgi.ChatTokenizeResponse(
+        tokenize_response=[tgi.SimpleToken(id=t.id, text=t.text, start=t.start, stop=t.stop)
+                           for t in spans],
+        templated_text=text,
+    )
+
+
 router = Router(
     path="/",
     route_handlers=[
-        generate_route, generate_stream_route, compat_route, root_health, tokenize_route
+        generate_route, generate_stream_route, compat_route, root_health, tokenize_route,
+        chat_tokenize_route,
     ],
     exception_handlers=tgi_exception_handlers(),
 )

@@ -1,0 +1,151 @@
+"""`POST /v1/chat/completions`: OpenAI chat, as one JSON body or as server-sent chunks.
+
+`n` choices are generated as independent sequences submitted together; their
+chunks interleave in a stream, each carrying its choice's `index`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+from litestar import Response, post
+from litestar.response import ServerSentEvent
+
+from switchyard.errors import ApiError
+from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
+from switchyard.models.served import ServedModel
+from switchyard.protocol import openai as oai
+from switchyard.routes.auth import require_api_key
+from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
+from switchyard.routes.openai_plans import choice_count, plan_chat
+from switchyard.state import Gateway
+from switchyard.validation import GenerationPlan, fan_out
+
+
+def chat_logprobs(model: ServedModel, steps: Sequence[Step]) -> oai.ChoiceLogprobs:
+    """`logprobs.content` of a chat choice (or of one chunk) for these steps."""
+    tok = model.tokenizer
+    content = []
+    for step in steps:
+        t = step.token
+        text = t.text if not t.special else tok.token_text(t.id)
+        content.append(
+            oai.TokenLogprob(
+                token=text,
+                logprob=t.logprob,
+                bytes=list(text.encode()),
+                top_logprobs=[
+                    oai.TopLogprob(token=tok.token_text(a.id), logprob=a.logprob,
+                                   bytes=list(tok.token_text(a.id).encode()))
+                    for a in t.top_tokens
+                ],
+            )
+        )
+    return oai.ChoiceLogprobs(content=content)
+
+
+class _ChatStream(msgspec.Struct, kw_only=True):
+    """What a chat stream needs besides the model and its plans."""
+
+    ident: str
+    created: int
+    fingerprint: str
+    want_logprobs: bool
+    include_usage: bool
+
+
+async def chat_response(
+    gw: Gateway, data: oai.ChatCompletionRequest
+) -> Response[oai.ChatCompletion] | ServerSentEvent:
+    """Answer a chat request (shared by the route and `/invocations`)."""
+    model = gw.model(data.model)
+    plans = fan_out(plan_chat(gw, model, data), choice_count(data.n))
+    ident = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    want_logprobs = bool(data.logprobs)
+    if data.stream:
+        # 429 before the stream starts; the stream takes its permit when it runs, so a
+        # stream that never runs holds none.
+        model.admission.check()
+        options = _ChatStream(
+            ident=ident, created=created, fingerprint=gw.system_fingerprint,
+            want_logprobs=want_logprobs,
+            include_usage=bool(data.stream_options and data.stream_options.include_usage),
+        )
+        return sse(_chat_stream(model, plans, options))
+    model.admission.acquire()
+    try:
+        results = await collect_all(start_all(model, plans, "chat"))
+    finally:
+        model.admission.release()
+    body = oai.ChatCompletion(
+        id=ident,
+        created=created,
+        model=model.name,
+        system_fingerprint=gw.system_fingerprint,
+        choices=[
+            oai.ChatChoice(
+                index=index,
+                message=oai.ChatMessageOut(role="assistant", content=r.finished.generated_text),
+                logprobs=chat_logprobs(model, r.steps) if want_logprobs else None,
+                finish_reason=finish_reason(r.finished.reason),
+            )
+            for index, r in enumerate(results)
+        ],
+        usage=usage(results[0].finished.prompt_tokens, [r.finished for r in results]),
+    )
+    return Response(body, status_code=200)
+
+
+async def _chat_stream(
+    model: ServedModel, plans: list[GenerationPlan], o: _ChatStream
+) -> AsyncIterator[str]:
+    def chunk(choices: list[oai.ChatChunkChoice], used: oai.Usage | None = None) -> str:
+        return msgspec.json.encode(
+            oai.ChatCompletionChunk(id=o.ident, created=o.created, model=model.name,
+                                    system_fingerprint=o.fingerprint, choices=choices, usage=used)
+        ).decode()
+
+    try:
+        model.admission.acquire()
+    except ApiError as exc:
+        yield error_event(exc)
+        yield DONE
+        return
+    runs = []
+    try:
+        runs = start_all(model, plans, "chat-stream")
+        for index in range(len(runs)):
+            yield chunk([oai.ChatChunkChoice(index=index, delta=oai.ChatDelta(role="assistant", content=""),
+                                             logprobs=None, finish_reason=None)])
+        finished: list[Finished] = []
+        async for index, step in interleave(runs):
+            done = step.finished
+            lp = chat_logprobs(model, [step]) if o.want_logprobs else None
+            if step.text or done is not None or lp is not None:
+                yield chunk([oai.ChatChunkChoice(
+                    index=index, delta=oai.ChatDelta(content=step.text), logprobs=lp,
+                    finish_reason=finish_reason(done.reason) if done else None,
+                )])
+            if done is not None:
+                finished.append(done)
+        if o.include_usage and finished:
+            yield chunk([], usage(finished[0].prompt_tokens, finished))
+    except ApiError as exc:
+        yield error_event(exc)
+    finally:
+        close_all(runs)
+        model.admission.release()
+    yield DONE
+
+
+@post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],
+      guards=[require_api_key])
+async def chat_completions(
+    gw: Gateway, data: oai.ChatCompletionRequest
+) -> Response[oai.ChatCompletion] | ServerSentEvent:
+    """Answer a chat conversation, as one JSON body or as server-sent chunks."""
+    return await chat_response(gw, data)

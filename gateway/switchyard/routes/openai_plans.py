@@ -1,0 +1,232 @@
+"""OpenAI request fields mapped onto Switchyard's generation plans.
+
+OpenAI's ranges and fields (`n`, `logit_bias`, `logprobs`, `presence_penalty`)
+are checked here first, then the request becomes TGI `GenerateParameters` and
+passes the same rules as a TGI request (`switchyard.validation`), so one set of
+rules guards the engine. OpenAI's meanings are kept where TGI's differ:
+temperature 0 is greedy and an absent temperature samples at 1;
+`presence_penalty` and `frequency_penalty` are OpenAI's additive penalties,
+not TGI's `repetition_penalty` mapping; stop strings are left out of the text.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from switchyard.errors import ApiError, validation_error
+from switchyard.models.served import ServedModel
+from switchyard.protocol import openai as oai
+from switchyard.protocol.tgi import GenerateParameters
+from switchyard.state import Gateway
+from switchyard.text.chat import ChatMessage, ChatTemplateError, render_chat
+from switchyard.validation import GenerationPlan, build_plan, check_parameters
+
+MAX_N = 128
+"""Most choices one request may ask for (OpenAI's own limit)."""
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""Most tokens one `logit_bias` may name (OpenAI's own limit)."""
+LOGIT_BIAS_RANGE = 100.0
+
+
+class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
+    """The sampling fields chat and completion requests share."""
+
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    stop: str | list[str] | None
+    seed: int | None
+    frequency_penalty: float | None
+    presence_penalty: float | None
+    top_n_tokens: int
+    n: int | None
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def choice_count(n: int | None) -> int:
+    """`n`, checked: how many independent choices to generate per prompt."""
+    if n is None:
+        return 1
+    if n < 1:
+        raise validation_error(
+            f"Invalid 'n': integer below minimum value. Expected a value >= 1, but got {n} instead.",
+            param="n",
+        )
+    if n > MAX_N:
+        raise validation_error(
+            f"Invalid 'n': integer above maximum value. Expected a value <= {MAX_N}, "
+            f"but got {n} instead.",
+            param="n",
+        )
+    return n
+
+
+def logit_bias_pairs(
+    bias: dict[str, float] | None, vocab_size: int
+) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"<token id>": bias}` object as (token id, bias) pairs for the engine.
+
+    Keys must be decimal token ids inside the model's vocabulary and biases in
+    [-100, 100]; anything else is a 422 naming `logit_bias`.
+    """
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise validation_error(
+            f"`logit_bias` may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens. Given: {len(bias)}",
+            param="logit_bias",
+        )
+    pairs: list[tuple[int, float]] = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise validation_error(
+                f"`logit_bias` keys must be token ids (decimal integers). Given: {key!r}",
+                param="logit_bias",
+            )
+        token_id = int(key)
+        if token_id >= vocab_size:
+            raise validation_error(
+                f"`logit_bias` token id {token_id} is outside the vocabulary "
+                f"(ids 0 to {vocab_size - 1})",
+                param="logit_bias",
+            )
+        if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:
+            raise validation_error(
+                f"`logit_bias` values must be >= -100 and <= 100. Given: {value} for token {key}",
+                param="logit_bias",
+            )
+        pairs.append((token_id, float(value)))
+    return tuple(sorted(pairs))
+
+
+def to_parameters(f: SamplingFields) -> GenerateParameters:
+    """Map OpenAI sampling fields onto TGI's, with OpenAI's ranges checked first."""
+    if f.temperature is not None and not 0.0 <= f.temperature <= 2.0:
+        raise validation_error("`temperature` must be >= 0.0 and <= 2.0", param="temperature")
+    if f.top_p is not None and not 0.0 < f.top_p <= 1.0:
+        raise validation_error("`top_p` must be > 0.0 and <= 1.0", param="top_p")
+    if f.presence_penalty is not None and not -2.0 <= f.presence_penalty <= 2.0:
+        raise validation_error(
+            "`presence_penalty` must be >= -2.0 and <= 2.0", param="presence_penalty"
+        )
+    if f.max_tokens is not None and f.max_tokens <= 0:
+        raise validation_error("`max_tokens` must be strictly positive", param="max_tokens")
+    choice_count(f.n)
+    greedy = f.temperature == 0.0
+    return GenerateParameters(
+        # OpenAI's default temperature is 1: absent temperature samples, 0 is greedy.
+        do_sample=not greedy,
+        temperature=None if greedy else f.temperature,
+        top_p=None if f.top_p is None or f.top_p >= 1.0 else f.top_p,
+        max_new_tokens=f.max_tokens,
+        stop=_stops(f.stop),
+        seed=f.seed,
+        frequency_penalty=f.frequency_penalty,
+        top_n_tokens=f.top_n_tokens,
+        details=True,
+    )
+
+
+def _message_text(message: oai.ChatMessageIn) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise validation_error(
+                f"content part of type {part.type!r} is not supported by this model",
+                param="messages",
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest) -> str:
+    """The prompt text of a chat request: its messages through the model's chat template."""
+    if not req.messages:
+        raise validation_error("`messages` cannot be empty", param="messages")
+    messages = [ChatMessage(role=m.role, content=_message_text(m)) for m in req.messages]
+    try:
+        return render_chat(model.tokenizer, messages)
+    except ChatTemplateError as exc:
+        raise ApiError(422, str(exc), "template_error") from exc
+
+
+def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -> GenerationPlan:
+    """Validate a chat request, render its template and tokenize it (one choice's plan)."""
+    if not req.messages:
+        raise validation_error("`messages` cannot be empty", param="messages")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise validation_error("`top_logprobs` requires `logprobs` to be true", param="top_logprobs")
+    params = to_parameters(SamplingFields(
+        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed,
+        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+        top_n_tokens=req.top_logprobs or 0, n=req.n,
+    ))
+    check_parameters(params, gw.settings)
+    bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
+    ids = model.tokenizer.encode(chat_prompt(model, req), add_special_tokens=False)
+    return build_plan(
+        ids, params, model.limits, model.info.eos_token_ids,
+        presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
+    )
+
+
+def completion_prompts(req: oai.CompletionRequest) -> list[str]:
+    """The prompts of a completion request, one or many."""
+    return [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+
+
+def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest) -> list[GenerationPlan]:
+    """Validate a completion request: one plan per prompt (one choice each)."""
+    prompts = completion_prompts(req)
+    if not prompts:
+        raise validation_error("`prompt` cannot be empty", param="prompt")
+    if len(prompts) > gw.settings.max_client_batch_size:
+        raise ApiError(
+            422,
+            "Number of prompts exceeds the maximum allowed batch size of "
+            f"{gw.settings.max_client_batch_size}",
+            "batch size exceeded",
+            param="prompt",
+        )
+    if req.suffix is not None:
+        raise ApiError(
+            422,
+            "Suffix is not supported and can be achieved by preprocessing the prompt.",
+            "suffix not supported",
+            param="suffix",
+        )
+    top_n = gw.settings.max_top_n_tokens
+    if req.logprobs is not None and not 0 <= req.logprobs <= top_n:
+        raise validation_error(f"`logprobs` must be >= 0 and <= {top_n}. Given: {req.logprobs}",
+                               param="logprobs")
+    params = to_parameters(SamplingFields(
+        max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
+        seed=req.seed, frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty, top_n_tokens=req.logprobs or 0, n=req.n,
+    ))
+    if req.repetition_penalty is not None:
+        params.repetition_penalty = req.repetition_penalty
+    check_parameters(params, gw.settings)
+    bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
+    plans = []
+    for prompt in prompts:
+        if not prompt:
+            raise validation_error("`prompt` cannot be empty", param="prompt")
+        ids = model.tokenizer.encode(prompt, add_special_tokens=True)
+        plans.append(
+            build_plan(ids, params, model.limits, model.info.eos_token_ids,
+                       presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
+                       include_stop=False)
+        )
+    return plans

@@ -1,0 +1,63 @@
+"""`POST /invocations`: SageMaker's single entry point, dispatched on the body's shape.
+
+As TGI does, a body with `inputs` is a compat generate request (`POST /`), one
+with `messages` is a chat request and one with `prompt` a completion request;
+anything else is a 422. Each shape answers, errors included, in the format of
+the API it belongs to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, Router, post
+from litestar.response import ServerSentEvent
+
+from switchyard.errors import validation_error
+from switchyard.protocol import openai as oai
+from switchyard.protocol import tgi
+from switchyard.routes.auth import require_api_key
+from switchyard.routes.errors import openai_error_response, tgi_error_response, tgi_exception_handlers
+from switchyard.routes.openai_chat import chat_response
+from switchyard.routes.openai_completions import completion_response
+from switchyard.routes.tgi import compat_response
+from switchyard.state import Gateway
+
+
+class _Shape(msgspec.Struct):
+    """Which of the three request kinds a body is: the keys present, values unread.
+
+    An absent key stays an empty `Raw` (falsy); a present one holds its JSON text.
+    """
+
+    inputs: msgspec.Raw = msgspec.Raw()
+    messages: msgspec.Raw = msgspec.Raw()
+    prompt: msgspec.Raw = msgspec.Raw()
+
+
+@post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
+      tags=["Text Generation Inference"], guards=[require_api_key])
+async def invocations(gw: Gateway, request: Request[Any, Any, Any]) -> Response[Any] | ServerSentEvent:
+    """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
+    body = await request.body()
+    shape = msgspec.json.decode(body, type=_Shape)
+    if shape.inputs:
+        return await compat_response(gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest))
+    if shape.messages:
+        try:
+            return await chat_response(gw, msgspec.json.decode(body, type=oai.ChatCompletionRequest))
+        except Exception as exc:  # noqa: BLE001 - every error answers in OpenAI's format
+            return openai_error_response(exc, request)
+    if shape.prompt:
+        try:
+            return await completion_response(gw, msgspec.json.decode(body, type=oai.CompletionRequest))
+        except Exception as exc:  # noqa: BLE001
+            return openai_error_response(exc, request)
+    return tgi_error_response(validation_error(
+        "the body must be a generate request (`inputs`), a chat request (`messages`) "
+        "or a completion request (`prompt`)"
+    ), request)
+
+
+router = Router(path="/", route_handlers=[invocations], exception_handlers=tgi_exception_handlers())
