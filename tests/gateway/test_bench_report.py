@@ -1,17 +1,21 @@
-"""`switchyard bench`'s arithmetic: percentiles, phase aggregates, rates, the table."""
+"""`switchyard bench` without a server: percentiles, phase aggregates, rates, the table,
+stream parsing and the runner's request counts on a fake transport."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+import httpx
+import msgspec
 import numpy as np
 import pytest
 
-from switchyard.bench.client import RequestResult
+from switchyard.bench.client import Api, Endpoint, RequestResult, RequestSpec, send
 from switchyard.bench.profile import (PROFILES, LengthSpec, Phase, auto_rates, parse_rates,
                                       resolve_profile)
 from switchyard.bench.report import COLUMNS, BenchReport, markdown_table, read_json, write_json
-from switchyard.bench.runner import arrival_gaps
+from switchyard.bench.runner import arrival_gaps, run_closed_loop, run_open_loop
 from switchyard.bench.stats import latency_stats, percentile, summarize
 
 
@@ -146,3 +150,84 @@ def test_table_and_json_round_trip(tmp_path) -> None:
                          temperature=0.0, seed=0, profile=PROFILES["smoke"], phases=[summary])
     write_json(report, tmp_path / "bench.json")
     assert read_json(tmp_path / "bench.json") == report
+
+
+# The runner and client on a fake transport: counts, windows and parsing, no server.
+
+def _sse(*events: str) -> bytes:
+    return "".join(f"data: {e}\n\n" for e in events).encode()
+
+
+TGI_STREAM = _sse('{"index":1,"token":{"id":5,"text":"a","logprob":0,"special":false}}',
+                  '{"index":2,"token":{"id":6,"text":"b","logprob":0,"special":false},'
+                  '"generated_text":"ab","details":{"finish_reason":"length",'
+                  '"generated_tokens":2,"seed":null,"input_length":9}}')
+
+
+def _client(body: bytes, status: int = 200) -> httpx.AsyncClient:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=body, headers={"content-type": "text/event-stream"})
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def _spec() -> RequestSpec:
+    return RequestSpec(prompt="hi", prompt_tokens=1, max_tokens=2)
+
+
+async def _send(api: Api, body: bytes, status: int = 200) -> RequestResult:
+    async with _client(body, status) as client:
+        return await send(client, Endpoint(url="http://x", api=api), _spec(), 0.0)
+
+
+def test_client_reads_tgi_details_and_errors() -> None:
+    r = asyncio.run(_send("tgi", TGI_STREAM))
+    assert r.ok and (r.output_tokens, r.prompt_tokens, len(r.itl_s)) == (2, 9, 1)
+    assert r.ttft_s is not None and r.ttft_s <= r.e2e_s
+    r = asyncio.run(_send("tgi", _sse('{"error":"Model is overloaded","error_type":"overloaded"}')))
+    assert r.error == "Model is overloaded" and not r.ok
+    r = asyncio.run(_send("tgi", b'{"error":"nope"}', status=422))
+    assert r.error is not None and r.error.startswith("HTTP 422")
+
+
+def test_client_reads_openai_usage_and_skips_role_chunk() -> None:
+    chunks = _sse('{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+                  '{"choices":[{"index":0,"delta":{"content":"a"}}]}',
+                  '{"choices":[{"index":0,"delta":{"content":"bc"},"finish_reason":"length"}]}',
+                  '{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
+                  '"total_tokens":10}}', "[DONE]")
+    r = asyncio.run(_send("openai-chat", chunks))
+    # Two text events, but the server's usage says three tokens.
+    assert r.ok and (r.output_tokens, r.prompt_tokens, len(r.itl_s)) == (3, 7, 1)
+    plain = _sse('{"choices":[{"index":0,"text":"a"}]}', '{"choices":[{"index":0,"text":"b"}]}')
+    r = asyncio.run(_send("openai-completions", plain))
+    assert r.ok and (r.output_tokens, r.prompt_tokens) == (2, 1)
+    r = asyncio.run(_send("openai-chat", _sse('{"error":{"message":"overloaded"}}')))
+    assert r.error == "overloaded"
+
+
+def test_open_loop_uniform_counts_and_window() -> None:
+    phase = Phase(name="c", kind="constant", duration_s=0.5, max_requests=100, rate=10.0)
+
+    async def go(phase: Phase):  # type: ignore[no-untyped-def]
+        async with _client(TGI_STREAM) as client:
+            return await run_open_loop(phase, client, Endpoint(url="http://x", api="tgi"), _spec,
+                                       arrival="uniform", rng=random.Random(0), timeout_s=5.0)
+
+    run = asyncio.run(go(phase))
+    # Sends at 0.0, 0.1, ..., 0.4 s; the rate is measured over the whole 0.5 s window.
+    assert len(run.results) == 5 and all(r.ok for r in run.results)
+    assert run.elapsed_s >= 0.5
+    capped = asyncio.run(go(msgspec.structs.replace(phase, max_requests=2)))
+    assert len(capped.results) == 2 and capped.elapsed_s < 0.5
+
+
+def test_closed_loop_respects_the_request_cap() -> None:
+    phase = Phase(name="t", kind="throughput", duration_s=5.0, max_requests=7, concurrency=3)
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with _client(TGI_STREAM) as client:
+            return await run_closed_loop(phase, client, Endpoint(url="http://x", api="tgi"),
+                                         _spec, timeout_s=5.0)
+
+    run = asyncio.run(go())
+    assert len(run.results) == 7 and run.elapsed_s < 5.0

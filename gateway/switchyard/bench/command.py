@@ -113,11 +113,11 @@ async def _run_phase(phase: Phase, index: int, client: httpx.AsyncClient, endpoi
     p = opts.profile
     async with PhaseProgress(phase, opts.progress) as bar:
         if phase.rate is None:
-            run = await run_closed_loop(phase, client, endpoint, make, drain_s=p.drain_s,
+            run = await run_closed_loop(phase, client, endpoint, make,
                                         timeout_s=p.request_timeout_s, on_done=bar.done)
         else:
             run = await run_open_loop(phase, client, endpoint, make, arrival=p.arrival, rng=rng,
-                                      drain_s=p.drain_s, timeout_s=p.request_timeout_s,
+                                      timeout_s=p.request_timeout_s,
                                       on_done=bar.done)
     return summarize(phase, run.results, run.elapsed_s)
 

@@ -2,9 +2,10 @@
 
 Open loop sends on a schedule whatever the server's state, as real traffic
 does, so queueing shows up as latency; closed loop finds max throughput.
-Both stop sending at the phase's duration or request cap, give in-flight
-requests `drain_s` to finish, then cancel what is left and count it as
-failed: a phase always ends.
+Both stop sending at the phase's duration or request cap and wait for what
+is in flight; each request fails at its own timeout, so a phase always ends.
+Under overload, slow requests therefore show up as latency (up to the
+timeout), not as a cliff in the error rate at an arbitrary cut-off.
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ import msgspec
 from switchyard.bench.client import Endpoint, RequestResult, RequestSpec, send
 from switchyard.bench.profile import Arrival, Phase
 
-CANCELLED = "cancelled: still running when the phase's drain window ended"
+CANCELLED = "cancelled: still running after its timeout"
+GRACE_S = 2.0
+"""Past the last timeout, a safety net: whatever still runs is cancelled."""
 
 
 class PhaseRun(msgspec.Struct):
-    """The raw results of one phase and its wall time (first send to last end)."""
+    """The raw results of one phase and its wall time.
+
+    Wall time runs from the first send to the last end, and for open loop at least
+    to the end of the sending window: a Poisson draw that leaves the window's tail
+    empty must not raise the measured rate.
+    """
 
     results: list[RequestResult]
     elapsed_s: float
@@ -69,7 +77,8 @@ class _Recorder:
             raise
         self._record(result)
 
-    async def finish(self, tasks: set[asyncio.Task[None]], drain_until: float) -> PhaseRun:
+    async def finish(self, tasks: set[asyncio.Task[None]], drain_until: float,
+                     window_s: float = 0.0) -> PhaseRun:
         """Wait for `tasks` until `drain_until` (perf_counter time), cancel the rest."""
         if tasks:
             left = max(drain_until - time.perf_counter(), 0)
@@ -77,12 +86,12 @@ class _Recorder:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        return PhaseRun(results=self.results, elapsed_s=time.perf_counter() - self.start)
+        elapsed = max(time.perf_counter() - self.start, window_s)
+        return PhaseRun(results=self.results, elapsed_s=elapsed)
 
 
 async def run_closed_loop(phase: Phase, client: httpx.AsyncClient, endpoint: Endpoint,
-                          make_request: Callable[[], RequestSpec], *, drain_s: float,
-                          timeout_s: float,
+                          make_request: Callable[[], RequestSpec], *, timeout_s: float,
                           on_done: Callable[[RequestResult], None] | None = None) -> PhaseRun:
     """`phase.concurrency` users, each sending its next request when its last one ends."""
     rec = _Recorder(client, endpoint, timeout_s, on_done)
@@ -96,12 +105,12 @@ async def run_closed_loop(phase: Phase, client: httpx.AsyncClient, endpoint: End
             await rec.one(make_request())
 
     users = {asyncio.create_task(user()) for _ in range(max(phase.concurrency or 1, 1))}
-    return await rec.finish(users, deadline + drain_s)
+    return await rec.finish(users, deadline + timeout_s + GRACE_S)
 
 
 async def run_open_loop(phase: Phase, client: httpx.AsyncClient, endpoint: Endpoint,
                         make_request: Callable[[], RequestSpec], *, arrival: Arrival,
-                        rng: random.Random, drain_s: float, timeout_s: float,
+                        rng: random.Random, timeout_s: float,
                         on_done: Callable[[RequestResult], None] | None = None) -> PhaseRun:
     """Send at `phase.rate` req/s on a schedule, not waiting for answers."""
     assert phase.rate is not None, "an open-loop phase needs a rate"
@@ -109,9 +118,13 @@ async def run_open_loop(phase: Phase, client: httpx.AsyncClient, endpoint: Endpo
     gap = arrival_gaps(phase.rate, arrival, rng)
     tasks: set[asyncio.Task[None]] = set()
     due = 0.0  # the first request goes at once; later ones follow the arrival process
+    last_sent = 0.0
     while len(tasks) < phase.max_requests and due < phase.duration_s:
         # Sleep to the absolute due time, so slow loop turns do not stretch the schedule.
         await asyncio.sleep(max(rec.start + due - time.perf_counter(), 0))
         tasks.add(asyncio.create_task(rec.one(make_request())))
+        last_sent = due
         due += gap()
-    return await rec.finish(tasks, rec.start + phase.duration_s + drain_s)
+    # Stopped by the clock: the window is the whole duration; by the cap: up to the last send.
+    window = phase.duration_s if due >= phase.duration_s else last_sent
+    return await rec.finish(tasks, rec.start + phase.duration_s + timeout_s + GRACE_S, window)

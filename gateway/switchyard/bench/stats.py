@@ -92,7 +92,7 @@ def _tpot(result: RequestResult) -> float | None:
 
 
 def summarize(phase: Phase, results: Sequence[RequestResult], elapsed_s: float) -> PhaseSummary:
-    """Aggregate one phase. `elapsed_s` is the phase's wall time, sending and draining."""
+    """Aggregate one phase. `elapsed_s` is the phase's wall time, sending and waiting."""
     ok = [r for r in results if r.ok]
     failed = len(results) - len(ok)
     elapsed = max(elapsed_s, 1e-9)
