@@ -12,7 +12,15 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from switchyard.engine.sampling import RowSampler, apply_penalties, sample, warp
+from switchyard.engine.sampling import (
+    RowSampler,
+    apply_logit_bias,
+    apply_penalties,
+    sample,
+    sample_step,
+    warp,
+)
+from switchyard.engine.watermark import WatermarkConfig, greenlist
 from switchyard_spec import SamplingParams
 
 V = 64
@@ -23,10 +31,11 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, V, generator=gen) * 3
 
 
-def _row(params: SamplingParams, prompt: tuple[int, ...] = (), seed: int | None = None) -> RowSampler:
+def _row(params: SamplingParams, prompt: tuple[int, ...] = (), seed: int | None = None,
+         **kwargs: object) -> RowSampler:
     if params.do_sample and seed is None:
         seed = params.seed if params.seed is not None else 0
-    return RowSampler(params, prompt, V, seed=seed)
+    return RowSampler(params, prompt, V, seed=seed, **kwargs)  # type: ignore[arg-type]
 
 
 def test_greedy_rows_take_argmax_and_raw_logprobs():
@@ -178,13 +187,82 @@ def test_one_host_transfer_per_step(monkeypatch):
         return real_item(self)
 
     rows = [
-        _row(SamplingParams(top_n_tokens=2)),
+        _row(SamplingParams(top_n_tokens=2, logit_bias=((3, 5.0),))),
         _row(SamplingParams(do_sample=True, top_k=5, top_p=0.9, typical_p=0.9, seed=1,
-                            repetition_penalty=1.2, frequency_penalty=0.1), prompt=(1, 2)),
-        _row(SamplingParams(do_sample=True, temperature=0.5, seed=2)),
+                            repetition_penalty=1.2, frequency_penalty=0.1, watermark=True),
+             prompt=(1, 2)),
+        _row(SamplingParams(do_sample=True, temperature=0.5, seed=2, watermark=True)),
     ]
     logits = _logits(3, seed=8)
     monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
     monkeypatch.setattr(torch.Tensor, "item", counting_item)
-    sample(logits, rows)
+    result = sample_step(logits, rows, carry=torch.tensor([-0.5, -1.25]))
     assert calls == {"tolist": 1, "item": 0}
+    assert result.carried == [-0.5, -1.25] and len(result.tokens) == 3
+
+
+def test_logit_bias_forces_and_bans_under_greedy():
+    logits = _logits(3, seed=9)
+    best = logits.argmax(-1)
+    forced = int(logits[0].argmin())
+    rows = [
+        _row(SamplingParams(logit_bias=((forced, 100.0),))),
+        _row(SamplingParams(logit_bias=((int(best[1]), -100.0),))),
+        _row(SamplingParams()),
+    ]
+    out = sample(logits, rows)
+    assert out[0].token_id == forced
+    assert out[1].token_id == int(logits[1].topk(2).indices[1])
+    assert out[2].token_id == int(best[2])
+    # The bias is part of the logits a greedy row reports its logprob from.
+    assert out[0].logprob == pytest.approx(
+        float(torch.log_softmax(apply_logit_bias(logits, rows), -1)[0, forced]), abs=1e-6)
+
+
+def test_logit_bias_comes_before_penalties_and_sampling():
+    logits = torch.zeros(2, V)
+    row = _row(SamplingParams(logit_bias=((4, 3.0), (70, 1.0)), repetition_penalty=2.0),
+               prompt=(4,))
+    out = apply_penalties(apply_logit_bias(logits, [row, _row(SamplingParams())]),
+                          [row, _row(SamplingParams())])
+    assert out[0, 4] == pytest.approx(1.5)  # (0 + 3) / 2: the penalty sees the biased logit
+    assert out[1].abs().sum() == 0  # out-of-vocabulary ids (70) are ignored, other rows untouched
+    sampled = _row(SamplingParams(do_sample=True, top_k=3, logit_bias=((9, 100.0),)), seed=5)
+    assert all(sample(_logits(1, seed=s), [sampled])[0].token_id == 9 for s in range(5))
+
+
+def test_watermark_biases_green_tokens_for_greedy_and_sampled_rows():
+    logits = torch.zeros(2, V)
+    prompt = (17,)
+    green = set(greenlist(17, V, 0.5).tolist())
+    rows = [_row(SamplingParams(watermark=True), prompt),
+            # A large delta makes the sampled row's choice certain, not just likely.
+            _row(SamplingParams(do_sample=True, watermark=True), prompt, seed=3,
+                 watermark=WatermarkConfig(gamma=0.5, delta=50.0))]
+    for tok in sample(logits, rows):
+        assert tok.token_id in green
+    # The next step is seeded by the token just chosen.
+    rows[0].record(23)
+    assert sample(logits[:1], rows[:1])[0].token_id in set(greenlist(23, V, 0.5).tolist())
+
+
+def test_watermark_uses_the_given_settings_and_not_the_sampling_generator():
+    plain = _row(SamplingParams(do_sample=True, seed=8))
+    marked = _row(SamplingParams(do_sample=True, seed=8, watermark=True),
+                  watermark=WatermarkConfig(gamma=0.5, delta=0.0))
+    logits = _logits(1, seed=10)
+    # delta 0 changes no logit; the green-list draw must not disturb the seeded noise.
+    assert [sample(logits, [plain])[0].token_id for _ in range(5)] == \
+        [sample(logits, [marked])[0].token_id for _ in range(5)]
+
+
+def test_logprobs_can_be_skipped():
+    logits = _logits(2, seed=11)
+    rows = [_row(SamplingParams(), logprobs=False),
+            _row(SamplingParams(do_sample=True, seed=1), logprobs=False)]
+    out = sample(logits, rows)
+    assert [t.logprob for t in out] == [0.0, 0.0]
+    assert out[0].token_id == int(logits[0].argmax())
+    # One row that wants them brings them back for the step.
+    rows.append(_row(SamplingParams()))
+    assert sample(logits[[0, 1, 0]], rows)[2].logprob < 0.0

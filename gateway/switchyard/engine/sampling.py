@@ -1,19 +1,29 @@
 """Batched next-token choice for rows with different sampling parameters.
 
 One call to :func:`sample` processes the last-token logits of every sequence in
-a step at once: penalties, then (for sampled rows) temperature, top-k, top-p and
-typical-p in TGI's order, then the choice itself and the log-probabilities. All
-results travel to the host in a single ``tolist()`` at the end, so the cost of
-leaving the device is paid once per step, not once per sequence.
+a step at once, in this order:
+
+1. ``logit_bias``: fixed per-token offsets on the raw logits (OpenAI semantics),
+2. the watermark: ``delta`` on the previous token's green list (TGI applies it
+   before everything else it does, see :mod:`switchyard.engine.watermark`),
+3. repetition, frequency and presence penalties,
+4. for sampled rows only: temperature, top-k, top-p and typical-p (TGI's order),
+
+then the choice itself and the log-probabilities. All results travel to the
+host in a single ``tolist()`` at the end, so the cost of leaving the device is
+paid once per step, not once per sequence; :func:`sample_step` lets an engine
+put other per-step values (prompt log-probs) on the same transfer.
 
 Log-probabilities follow TGI: a sampled row reports ``log_softmax`` of its fully
 processed logits (after temperature and filtering); a greedy row reports
-``log_softmax`` of its logits after penalties only (temperature and filters do
-not apply to greedy rows).
+``log_softmax`` of its logits after steps 1-3 only (temperature and filters do
+not apply to greedy rows). When no row of a step wants log-probabilities or
+alternatives, they are not computed at all and reported as 0.0.
 
 Reproducibility: every sampled row owns a ``torch.Generator`` seeded from its
 request and draws exactly one noise vector per step from it, so its tokens do
-not depend on which other rows share the batch.
+not depend on which other rows share the batch. The watermark never draws from
+that generator.
 """
 
 from __future__ import annotations
@@ -23,18 +33,22 @@ from dataclasses import dataclass
 
 import torch
 
+from switchyard.engine.watermark import WatermarkConfig, apply_watermark
 from switchyard_spec import SamplingParams, TopToken
 
 _NEG_INF = float("-inf")
 
 
 class RowSampler:
-    """Sampling state of one sequence: its parameters, generator and penalty history.
+    """Sampling state of one sequence: its parameters, generator and token history.
 
     ``prompt_ids`` seed the repetition-penalty history (CTRL penalises tokens
-    seen anywhere in the context); frequency and presence penalties count only
-    generated tokens (OpenAI semantics). State tensors exist only when the
-    matching penalty is on, so plain requests cost nothing extra.
+    seen anywhere in the context) and the watermark's previous token;
+    frequency and presence penalties count only generated tokens (OpenAI
+    semantics). State tensors exist only when the matching feature is on, so
+    plain requests cost nothing extra. ``logprobs=False`` says the caller does
+    not need the chosen token's log-probability. ``watermark`` overrides the
+    environment's watermark settings for a row that asks for one.
     """
 
     def __init__(
@@ -44,9 +58,12 @@ class RowSampler:
         vocab_size: int,
         seed: int | None = None,
         device: torch.device | str = "cpu",
+        logprobs: bool = True,
+        watermark: WatermarkConfig | None = None,
     ) -> None:
         self.params = params
         self.vocab_size = vocab_size
+        self.logprobs = logprobs
         self.seed: int | None = None
         self.generator: torch.Generator | None = None
         if params.do_sample:
@@ -56,6 +73,18 @@ class RowSampler:
             self.seed = seed
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed)
+        self.previous_token = int(prompt_ids[-1]) if len(prompt_ids) else 0
+        """The last token of the context: it seeds the watermark's green list."""
+        self.watermark: WatermarkConfig | None = None
+        if params.watermark:
+            self.watermark = watermark if watermark is not None else WatermarkConfig.from_env()
+        self.bias_ids: torch.Tensor | None = None
+        self.bias_values: torch.Tensor | None = None
+        pairs = [(int(t), float(b)) for t, b in params.logit_bias if 0 <= t < vocab_size]
+        if pairs:
+            self.bias_ids = torch.tensor([t for t, _ in pairs], dtype=torch.long, device=device)
+            self.bias_values = torch.tensor([b for _, b in pairs], dtype=torch.float32,
+                                            device=device)
         self.seen: torch.Tensor | None = None
         if params.repetition_penalty != 1.0:
             self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
@@ -72,9 +101,10 @@ class RowSampler:
         return self.seen is not None or self.counts is not None
 
     def record(self, token_id: int) -> None:
-        """Add a generated token to the penalty history."""
+        """Add a generated token to the history (penalties, watermark seed)."""
         if not 0 <= token_id < self.vocab_size:
             return
+        self.previous_token = token_id
         if self.seen is not None:
             self.seen[token_id] = True
         if self.counts is not None:
@@ -90,17 +120,39 @@ class SampledToken:
     top_tokens: tuple[TopToken, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """What :func:`sample_step` brings back: one choice per row and the carried values."""
+
+    tokens: list[SampledToken]
+    carried: list[float]
+
+
 def sample(logits: torch.Tensor, rows: Sequence[RowSampler]) -> list[SampledToken]:
     """Choose the next token of every row of ``logits`` ([rows, vocab]).
 
     Row ``i`` of ``logits`` belongs to ``rows[i]``. Logits of any float dtype
     are processed in float32. Returns one :class:`SampledToken` per row.
     """
+    return sample_step(logits, rows).tokens
+
+
+def sample_step(
+    logits: torch.Tensor, rows: Sequence[RowSampler], carry: torch.Tensor | None = None
+) -> StepSample:
+    """:func:`sample`, also bringing the 1-D tensor ``carry`` to the host on the same transfer.
+
+    ``carry`` holds any other float values the step computed on the device
+    (prompt log-probabilities); they come back as ``StepSample.carried`` in
+    float64, which holds token ids and float32 values exactly.
+    """
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
     scores = logits.float()
     vocab = scores.shape[1]
     device = scores.device
+    scores = apply_logit_bias(scores, rows)
+    scores = apply_watermarks(scores, rows)
     scores = apply_penalties(scores, rows)
 
     sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
@@ -114,24 +166,64 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampler]) -> list[SampledToke
         final = scores.index_copy(0, idx, warped)
         chosen = greedy_ids.index_copy(0, idx, picks)
 
-    logprobs = torch.log_softmax(final, dim=-1)
-    chosen_lp = logprobs.gather(1, chosen[:, None])
     top_n = min(max(r.params.top_n_tokens for r in rows), vocab)
-    parts = [chosen[:, None].double(), chosen_lp.double()]
-    if top_n > 0:
-        top_lp, top_ids = logprobs.topk(top_n, dim=-1)
-        parts += [top_ids.double(), top_lp.double()]
+    with_logprobs = top_n > 0 or any(r.logprobs for r in rows)
+    parts = [chosen[:, None].double()]
+    if with_logprobs:
+        logprobs = torch.log_softmax(final, dim=-1)
+        parts.append(logprobs.gather(1, chosen[:, None]).double())
+        if top_n > 0:
+            top_lp, top_ids = logprobs.topk(top_n, dim=-1)
+            parts += [top_ids.double(), top_lp.double()]
+    width = sum(p.shape[1] for p in parts)
+    flat = torch.cat(parts, dim=1).flatten()
+    if carry is not None:
+        flat = torch.cat([flat, carry.to(device=device, dtype=torch.float64).flatten()])
     # The one host transfer of the step: ids are exact in float64.
-    table = torch.cat(parts, dim=1).tolist()
+    values = flat.tolist()
 
     out: list[SampledToken] = []
-    for row, values in zip(rows, table, strict=True):
+    for i, row in enumerate(rows):
+        base = i * width
+        if not with_logprobs:
+            out.append(SampledToken(int(values[base]), 0.0))
+            continue
         n = min(row.params.top_n_tokens, top_n)
         tops = tuple(
-            TopToken(int(values[2 + j]), values[2 + top_n + j]) for j in range(n)
+            TopToken(int(values[base + 2 + j]), values[base + 2 + top_n + j]) for j in range(n)
         )
-        out.append(SampledToken(int(values[0]), values[1], tops))
-    return out
+        out.append(SampledToken(int(values[base]), values[base + 1], tops))
+    return StepSample(out, values[len(rows) * width :])
+
+
+def apply_logit_bias(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.Tensor:
+    """Add every row's ``logit_bias`` to its raw logits (one scatter for the batch)."""
+    row_idx: list[torch.Tensor] = []
+    col_idx: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for i, row in enumerate(rows):
+        if row.bias_ids is not None and row.bias_values is not None:
+            row_idx.append(torch.full_like(row.bias_ids, i))
+            col_idx.append(row.bias_ids)
+            values.append(row.bias_values)
+    if not values:
+        return scores
+    index = (torch.cat(row_idx).to(scores.device), torch.cat(col_idx).to(scores.device))
+    return scores.index_put(index, torch.cat(values).to(scores.device), accumulate=True)
+
+
+def apply_watermarks(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.Tensor:
+    """Bias the green list of every row that asked for a watermark (greedy rows too, as TGI)."""
+    marked = [i for i, r in enumerate(rows) if r.watermark is not None]
+    if not marked:
+        return scores
+    idx = torch.tensor(marked, device=scores.device)
+    biased = apply_watermark(
+        scores[idx],
+        [rows[i].previous_token for i in marked],
+        [rows[i].watermark for i in marked],  # type: ignore[misc]
+    )
+    return scores.index_copy(0, idx, biased)
 
 
 def apply_penalties(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.Tensor:
