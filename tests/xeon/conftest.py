@@ -23,6 +23,10 @@ from switchyard_spec import (
 from switchyard_xeon.engine import XeonEngine
 
 WAIT_S = 60.0
+TEST_OPTIONS = {"num_threads": "1"}
+"""The tiny test model gains nothing from more threads, and on a busy machine (CI,
+parallel sessions) OpenMP threads waiting at barriers for a descheduled peer
+make every step many times slower."""
 
 
 class Collector:
@@ -120,7 +124,7 @@ def make_engine(default_model_path: Path) -> Iterator[Callable[..., XeonEngine]]
 
     def build(**limits: int) -> XeonEngine:
         engine = XeonEngine(EngineConfig(model_path=str(default_model_path), dtype="float32",
-                                         **limits))  # type: ignore[arg-type]
+                                         options=TEST_OPTIONS, **limits))  # type: ignore[arg-type]
         engine.start()
         engines.append(engine)
         return engine
@@ -133,7 +137,8 @@ def make_engine(default_model_path: Path) -> Iterator[Callable[..., XeonEngine]]
 @pytest.fixture(scope="module")
 def shared_engine(default_model_path: Path) -> Iterator[XeonEngine]:
     """One started, warmed engine for tests that do not change its limits."""
-    engine = XeonEngine(EngineConfig(model_path=str(default_model_path), dtype="float32"))
+    engine = XeonEngine(EngineConfig(model_path=str(default_model_path), dtype="float32",
+                                     options=TEST_OPTIONS))
     engine.start()
     engine.warmup()
     yield engine

@@ -118,11 +118,11 @@ def test_step_failure_fails_only_that_step(make_engine, hf_greedy):
     original = runner.forward
     calls = {"n": 0}
 
-    def flaky(seqs):
+    def flaky(*args):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected")
-        return original(seqs)
+        return original(*args)
 
     runner.forward = flaky
     sink = Collector()

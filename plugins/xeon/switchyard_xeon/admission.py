@@ -11,6 +11,7 @@ import os
 import secrets
 
 from switchyard.engine.sampling import RowSampler
+from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineRequest, EventSink, ModelInfo
 
 from switchyard_xeon.scheduler import Limits, Sequence
@@ -52,12 +53,18 @@ def resolve_limits(
 
 
 class Admission:
-    """Validates requests and builds their :class:`Sequence` with sampling state."""
+    """Validates requests and builds their :class:`Sequence` with sampling state.
 
-    def __init__(self, limits: Limits, vocab_size: int, capacity_tokens: int) -> None:
+    ``watermark`` is the engine's watermark setting (read from the environment
+    once at start, so a bad value fails start-up rather than a request).
+    """
+
+    def __init__(self, limits: Limits, vocab_size: int, capacity_tokens: int,
+                 watermark: WatermarkConfig | None = None) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
         self.capacity_tokens = capacity_tokens
+        self.watermark = watermark if watermark is not None else WatermarkConfig()
 
     def build(self, request: EngineRequest, sink: EventSink) -> tuple[Sequence | None, str]:
         """The sequence for ``request``, or None and the reason it cannot be served."""
@@ -82,7 +89,8 @@ class Admission:
         seed = params.seed
         if params.do_sample and seed is None:
             seed = secrets.randbits(63)
-        sampler = RowSampler(params, prompt, self.vocab_size, seed=seed)
+        sampler = RowSampler(params, prompt, self.vocab_size, seed=seed,
+                             logprobs=request.logprobs, watermark=self.watermark)
         ignore_eos = request.stopping.ignore_eos or ignore_eos_forced()
         seq = Sequence(request, sink, sampler, max_length=max_length, ignore_eos=ignore_eos)
         return seq, ""

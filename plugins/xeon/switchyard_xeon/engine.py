@@ -16,6 +16,7 @@ import time
 import torch
 
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
+from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import (
     Engine,
     EngineConfig,
@@ -82,6 +83,10 @@ class XeonEngine(Engine):
         torch.set_num_threads(threads)
         logger.info("%s: torch uses %d threads", cpu.describe(), threads)
 
+        try:
+            watermark = WatermarkConfig.from_env()
+        except ValueError as exc:
+            raise EngineStartError(str(exc)) from None
         dtype = resolve_dtype(self.config.dtype, cpu.flags)
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         loaded = load_causal_lm(
@@ -104,7 +109,8 @@ class XeonEngine(Engine):
         self.info = loaded.info
         self._runner = ModelRunner(loaded.model, cache)
         self._scheduler = Scheduler(limits, cache)
-        self._admission = Admission(limits, loaded.info.vocab_size, cache.capacity_tokens)
+        self._admission = Admission(limits, loaded.info.vocab_size, cache.capacity_tokens,
+                                    watermark)
         self._threads = threads
         self._thread = threading.Thread(target=self._loop, name="switchyard-xeon", daemon=True)
         self._thread.start()
@@ -250,7 +256,12 @@ class XeonEngine(Engine):
             finish = self._finish_reason(seq, res.token_id)
             if finish is not None:
                 self._scheduler.finish(seq)
-            self._emit(seq, res.token_id, res.logprob, res.top_tokens, finish=finish)
+            prompt_logprobs: tuple[float, ...] = ()
+            if seq.generated == 1 and seq.request.prompt_logprobs:
+                prompt_logprobs = tuple(seq.prompt_logprobs)
+                seq.prompt_logprobs = []  # delivered: do not hold them for the sequence's life
+            self._emit(seq, res.token_id, res.logprob, res.top_tokens, finish=finish,
+                       prompt_logprobs=prompt_logprobs)
 
     @staticmethod
     def _finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
@@ -262,11 +273,13 @@ class XeonEngine(Engine):
         return None
 
     def _emit(self, seq: Sequence, token_id: int, logprob: float = 0.0,
-              top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None, error: str | None = None) -> None:
+              top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None,
+              error: str | None = None, prompt_logprobs: tuple[float, ...] = ()) -> None:
         event = TokenEvent(
             request_id=seq.request_id, token_id=token_id, logprob=logprob,
             top_tokens=top_tokens, finish_reason=finish, error=error,
             seed=seq.sampler.seed, prompt_tokens=seq.prompt_len,
+            prompt_logprobs=prompt_logprobs,
         )
         _deliver(seq.sink, event)
 

@@ -1,13 +1,16 @@
-"""One forward step: pack the batch, run the model, sample the next tokens."""
+"""One forward step: pack the batch, run the model, sample the next tokens (and score prompts)."""
 
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
 import torch
 
-from switchyard.engine.sampling import SampledToken, sample
+from switchyard.engine.logprobs import token_logprobs
+from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError
 
 from switchyard_xeon.attention import STEP_KWARG, StepMetadata
@@ -28,6 +31,55 @@ def check_supported(model: torch.nn.Module) -> None:
         raise EngineStartError(f"{name}.forward does not accept logits_to_keep")
 
 
+@dataclass
+class OutputPlan:
+    """Which packed positions reach ``lm_head`` in a step, and what each kept row is for.
+
+    Normally only each sequence's last position is kept. A sequence whose
+    request asks for prompt log-probs keeps every position it feeds while its
+    prompt is being scored: the logits at prompt position ``p`` score prompt
+    token ``p + 1``. Only those requests pay for [prompt, vocab] logits.
+    """
+
+    keep: list[int] = field(default_factory=list)
+    """Packed positions whose logits are computed, ascending."""
+    sample_rows: list[int] = field(default_factory=list)
+    """Per sequence: the kept row its next token is sampled from."""
+    prompt_rows: list[int] = field(default_factory=list)
+    """Kept rows scored for prompt log-probs, in sequence order."""
+    prompt_targets: list[int] = field(default_factory=list)
+    """The prompt token each of ``prompt_rows`` predicts."""
+    prompt_counts: list[int] = field(default_factory=list)
+    """Per sequence: how many of ``prompt_rows`` are its own."""
+
+    @property
+    def only_last(self) -> bool:
+        """Whether the kept rows are exactly the sampling rows."""
+        return not self.prompt_rows
+
+
+def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
+    """The :class:`OutputPlan` of a step whose sequence ``i`` starts at packed ``offsets[i]``."""
+    plan = OutputPlan()
+    for seq, off in zip(seqs, offsets, strict=True):
+        n = len(seq.new_tokens)
+        base = len(plan.keep)
+        scored = 0
+        if seq.wants_prompt_logprobs:
+            # Keep every fed position: position p scores prompt token p + 1, and
+            # the last fed one is also the sampling row, so nothing is wasted.
+            plan.keep.extend(range(off, off + n))
+            scored = min(n, seq.prompt_len - 1 - seq.num_cached)
+            plan.prompt_rows.extend(range(base, base + scored))
+            first_target = seq.num_cached + 1
+            plan.prompt_targets.extend(seq.tokens[first_target : first_target + scored])
+        else:
+            plan.keep.append(off + n - 1)
+        plan.sample_rows.append(len(plan.keep) - 1)
+        plan.prompt_counts.append(scored)
+    return plan
+
+
 class ModelRunner:
     """Runs a transformers causal LM over a packed batch against the engine's cache."""
 
@@ -39,18 +91,37 @@ class ModelRunner:
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken]:
         """Feed every sequence's new tokens and choose each one's next token.
 
-        On success the fed tokens count as cached. On an exception nothing is
-        committed; the caller fails these sequences.
+        Sequences whose requests ask for prompt log-probs get them appended to
+        ``Sequence.prompt_logprobs``. On success the fed tokens count as
+        cached. On an exception nothing is committed; the caller fails these
+        sequences.
         """
-        logits = self.forward(seqs)
-        out = sample(logits, [seq.sampler for seq in seqs])
-        for seq in seqs:
+        offsets = list(itertools.accumulate((len(s.new_tokens) for s in seqs), initial=0))[:-1]
+        plan = plan_outputs(seqs, offsets)
+        logits = self.forward(seqs, plan.keep)
+        carry = None
+        if not plan.only_last:
+            carry = token_logprobs(
+                logits,
+                torch.tensor(plan.prompt_targets, device=logits.device),
+                rows=torch.tensor(plan.prompt_rows, device=logits.device),
+            )
+            logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
+        result = sample_step(logits, [seq.sampler for seq in seqs], carry)
+        taken = 0
+        for seq, count in zip(seqs, plan.prompt_counts, strict=True):
+            if count:
+                seq.prompt_logprobs.extend(result.carried[taken : taken + count])
+                taken += count
             seq.num_cached = len(seq.tokens)
             self.cache.commit(seq.seq_id, seq.num_cached)
-        return out
+        return result.tokens
 
-    def forward(self, seqs: Seq[Sequence]) -> torch.Tensor:
-        """Last-token logits of every sequence, [len(seqs), vocab]."""
+    def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
+        """Logits at the packed positions ``keep`` ([len(keep), vocab]).
+
+        ``keep`` defaults to each sequence's last position ([len(seqs), vocab]).
+        """
         ids: list[int] = []
         positions: list[int] = []
         starts: list[int] = []
@@ -62,13 +133,14 @@ class ModelRunner:
             starts.append(seq.num_cached)
             lens.append(len(new))
         meta = StepMetadata(self.cache, [s.seq_id for s in seqs], starts, lens)
-        last = torch.tensor([o + n - 1 for o, n in zip(meta.offsets, lens)], device=self.device)
+        if keep is None:
+            keep = [o + n - 1 for o, n in zip(meta.offsets, lens, strict=True)]
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
             use_cache=False,
-            # Only the last position of each sequence reaches lm_head: no [T, vocab] logits.
-            logits_to_keep=last,
+            # Only the kept positions reach lm_head: no [T, vocab] logits for plain requests.
+            logits_to_keep=torch.tensor(keep, device=self.device),
             **{STEP_KWARG: meta},
         )
         return out.logits[0]

@@ -42,6 +42,8 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     num_cached: int = 0
     """Tokens whose keys/values are in the cache."""
+    prompt_logprobs: list[float] = field(default_factory=list)
+    """Prompt log-probs computed so far (only when the request asks); sent on the first event."""
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -61,6 +63,11 @@ class Sequence:
     def generated(self) -> int:
         """Tokens generated so far."""
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt tokens still need their log-probabilities computed."""
+        return self.request.prompt_logprobs and self.num_cached < self.prompt_len - 1
 
     @property
     def new_tokens(self) -> list[int]:
