@@ -4,14 +4,21 @@ The gateway's calls (``submit``, ``abort``) only put commands on a queue; one
 daemon thread owns the model, the cache and the scheduler and runs the loop:
 take commands, admit and abort at the step boundary, run one forward over the
 packed batch, emit one event per sequence, drop the finished ones.
+
+Health: ``healthy()`` is cheap (the loop thread is alive and no liveness probe
+has failed). After a forward step fails, the engine checks itself with a real
+1-token generation that goes through the loop ahead of the queue;
+``probe_liveness()`` runs that check and waits for it (see its docstring).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +50,20 @@ logger = logging.getLogger("switchyard.xeon")
 
 _IDLE_WAIT_S = 0.5
 """How long an idle loop sleeps before re-checking for shutdown."""
+PROBE_TIMEOUT_S = 30.0
+"""How long a probe started by :meth:`XeonEngine.healthy` may run before it counts as failed."""
+_PROBE_PREFIX = "__probe__"
+
+
+@dataclass(eq=False)
+class _Probe:
+    """One liveness probe in flight: a 1-token generation and its outcome."""
+
+    request_id: str
+    deadline: float
+    """``time.monotonic()`` after which an unfinished probe counts as failed."""
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
 
 
 class XeonEngine(Engine):
@@ -51,6 +72,10 @@ class XeonEngine(Engine):
     ``config`` comes from the gateway; ``config.options`` may set
     ``num_threads`` (default: the physical cores available to the process).
     Nothing heavy happens until :meth:`start`.
+
+    Beyond the :class:`Engine` interface it offers :meth:`probe_liveness`, a
+    blocking health check with a real generation for callers that may wait
+    (the gateway's ``/health`` runs it in a worker thread).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -67,6 +92,15 @@ class XeonEngine(Engine):
         self._steps = 0
         self._threads = 1
         self._stats = EngineStats(running=0, waiting=0)
+        # Health state, shared by the loop and the health callers. Re-entrant,
+        # because a refused probe submit calls the probe's sink on the caller's thread.
+        self._health_lock = threading.RLock()
+        self._step_failed = False
+        """A forward step failed and none has succeeded since."""
+        self._probe_failed = False
+        """The last liveness probe failed or overran its deadline."""
+        self._probe: _Probe | None = None
+        self._probe_ids = itertools.count()
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
@@ -158,16 +192,100 @@ class XeonEngine(Engine):
         self._runner = None
         logger.info("xeon engine shut down")
 
+    # -------------------------------------------------------------- health
     def healthy(self) -> bool:
-        """True while the loop thread is alive."""
+        """Cheap and non-blocking: the loop is alive and no liveness probe has failed.
+
+        After a forward step fails (and until one succeeds), each call starts
+        a liveness probe in the background if none is running; its outcome
+        shows in the answers of later calls. A probe that has not finished by
+        its deadline counts as failed.
+        """
+        if not self._loop_alive():
+            return False
+        with self._health_lock:
+            self._note_overdue_probe()
+            if self._step_failed and self._probe is None:
+                self._start_probe(PROBE_TIMEOUT_S)
+            return not self._probe_failed
+
+    def probe_liveness(self, timeout: float = PROBE_TIMEOUT_S, force: bool = False) -> bool:
+        """Whether the engine can still generate; blocks up to ``timeout`` seconds.
+
+        While every step since the last check has succeeded this answers at
+        once, like :meth:`healthy`. After a failed forward step (or a failed
+        probe), or with ``force``, it runs a real 1-token generation through
+        the compute loop, ahead of queued requests, and returns whether it
+        produced a token in time. Callers on an event loop should run it in a
+        worker thread (``await asyncio.to_thread(engine.probe_liveness, 5.0)``).
+        Concurrent callers share one probe.
+        """
+        if not self._loop_alive():
+            return False
+        with self._health_lock:
+            self._note_overdue_probe()
+            if not (force or self._step_failed or self._probe_failed):
+                return True
+            probe = self._probe if self._probe is not None else self._start_probe(timeout)
+        probe.done.wait(timeout)
+        with self._health_lock:
+            # Decided under the lock: the probe may finish between the wait and here.
+            if probe.done.is_set():
+                return probe.ok
+            self._probe_failed = True  # still unfinished: too slow counts as failed
+            return False
+
+    def _loop_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def _note_overdue_probe(self) -> None:
+        """Count a probe past its deadline as failed (the loop is stuck or starved)."""
+        probe = self._probe
+        if probe is not None and not probe.done.is_set() and time.monotonic() > probe.deadline:
+            self._probe_failed = True
+
+    def _start_probe(self, timeout: float) -> _Probe:
+        """Submit a 1-token greedy generation that jumps the queue; caller holds the lock."""
+        assert self.info is not None
+        probe = _Probe(request_id=f"{_PROBE_PREFIX}{next(self._probe_ids)}",
+                       deadline=time.monotonic() + timeout)
+        self._probe = probe
+
+        def sink(event: TokenEvent) -> None:
+            if event.finish_reason is None and event.error is None:
+                return
+            ok = event.error is None and event.finish_reason in (
+                FinishReason.LENGTH, FinishReason.EOS_TOKEN)
+            with self._health_lock:
+                probe.ok = ok
+                self._probe_failed = not ok
+                if self._probe is probe:
+                    self._probe = None
+                probe.done.set()
+            if not ok:
+                logger.warning("liveness probe failed: %s", event.error or event.finish_reason)
+
+        request = EngineRequest(
+            request_id=probe.request_id,
+            prompt_token_ids=(self.info.eos_token_ids[0] if self.info.eos_token_ids else 0,),
+            sampling=SamplingParams(),
+            stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),
+            logprobs=False,
+        )
+        logger.info("liveness probe %s started", probe.request_id)
+        self._enqueue("probe", request, sink)
+        return probe
 
     # ------------------------------------------------------ gateway calls
     def submit(self, request: EngineRequest, sink: EventSink) -> None:
         """Queue a request for the loop; never blocks."""
+        self._enqueue("submit", request, sink)
+
+    def _enqueue(self, kind: str, request: EngineRequest, sink: EventSink) -> None:
+        """Hand a request to the loop, or end it at once when the engine is shut down."""
         with self._lock:
             if not self._closed:
-                self._inbox.put(("submit", request, sink))
+                self._inbox.put((kind, request, sink))
                 return
         _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                   error="engine is shut down"))
@@ -210,8 +328,8 @@ class XeonEngine(Engine):
             return
         while True:
             kind, payload, sink = item
-            if kind == "submit":
-                self._admit(payload, sink)  # type: ignore[arg-type]
+            if kind in ("submit", "probe"):
+                self._admit(payload, sink, front=kind == "probe")  # type: ignore[arg-type]
             elif kind == "abort":
                 self._abort(str(payload))
             try:
@@ -219,7 +337,7 @@ class XeonEngine(Engine):
             except queue.Empty:
                 return
 
-    def _admit(self, request: EngineRequest, sink: EventSink) -> None:
+    def _admit(self, request: EngineRequest, sink: EventSink, front: bool = False) -> None:
         assert self._scheduler is not None and self._admission is not None
         if self._scheduler.find(request.request_id) is not None:
             _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
@@ -230,7 +348,7 @@ class XeonEngine(Engine):
             _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                       prompt_tokens=len(request.prompt_token_ids), error=error))
             return
-        self._scheduler.add(seq)
+        self._scheduler.add(seq, front=front)
 
     def _abort(self, request_id: str) -> None:
         assert self._scheduler is not None
@@ -245,11 +363,16 @@ class XeonEngine(Engine):
             results = self._runner.step(batch)
         except Exception as exc:  # one bad step must not take the engine down
             logger.exception("forward step over %d sequences failed", len(batch))
+            with self._health_lock:
+                self._step_failed = True
             for seq in batch:
                 self._scheduler.finish(seq)
                 self._emit(seq, -1, error=f"forward step failed: {type(exc).__name__}: {exc}")
             return
         self._steps += 1
+        if self._step_failed or self._probe_failed:
+            with self._health_lock:  # a step went through: the model runs again
+                self._step_failed = self._probe_failed = False
         for seq, res in zip(batch, results, strict=True):
             seq.tokens.append(res.token_id)
             seq.sampler.record(res.token_id)
@@ -302,7 +425,7 @@ class XeonEngine(Engine):
             self._emit(seq, -1, finish=FinishReason.ABORTED)
         while not self._inbox.empty():
             kind, request, sink = self._inbox.get_nowait()
-            if kind == "submit":
+            if kind in ("submit", "probe"):
                 _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,  # type: ignore
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:

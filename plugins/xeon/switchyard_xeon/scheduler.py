@@ -97,9 +97,17 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence; it joins the batch at a later ``schedule``."""
-        self.waiting.append(seq)
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        """Queue a sequence; it joins the batch at a later ``schedule``.
+
+        ``front`` puts it ahead of the queue: for the engine's own liveness
+        probes, which must not wait behind a backlog to tell whether the
+        model still runs.
+        """
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
         self._by_id[seq.request_id] = seq
 
     def schedule(self) -> list[Sequence]:
