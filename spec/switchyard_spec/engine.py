@@ -69,5 +69,18 @@ class Engine(abc.ABC):
         """Stop the loop, end live sequences with ``ABORTED``, release the device."""
 
     def healthy(self) -> bool:
-        """Whether the compute loop is alive. Engines may override with a real probe."""
+        """Whether the engine is fit to serve, answered at once (never blocks).
+
+        Called from the event loop on every `/health`; engines override it to
+        report a dead loop or a failed probe.
+        """
         return True
+
+    def probe_liveness(self, timeout: float = 30.0) -> bool:
+        """Prove the engine can still generate; may block up to ``timeout`` seconds.
+
+        The gateway calls it from a worker thread when the last known state was
+        unhealthy (TGI runs a real one-token prefill then). Engines that can run
+        a real generation should override it; the default trusts ``healthy``.
+        """
+        return self.healthy()

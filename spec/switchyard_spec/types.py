@@ -34,9 +34,10 @@ class FinishReason(str, enum.Enum):
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How the next token is chosen, per request.
 
-    Greedy decoding is ``do_sample=False``; then every other field but the
-    penalties is ignored. With ``do_sample=True`` the logits are processed in
-    TGI's order (penalties, temperature, top-k, top-p, typical-p) and sampled.
+    Greedy decoding is ``do_sample=False``; then only ``logit_bias``, ``watermark``
+    and the penalties apply (TGI applies the watermark to greedy rows too). With
+    ``do_sample=True`` the logits are processed in order: logit bias, watermark,
+    penalties, temperature, top-k, top-p, typical-p; then sampled.
     ``seed`` makes sampling reproducible for this request regardless of which
     other requests share its batch. Values arrive validated by the gateway.
     """
