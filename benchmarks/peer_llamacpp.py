@@ -1,0 +1,90 @@
+"""llama.cpp through llama-cpp-python (`.bench-venvs/llamacpp`).
+
+The HF folder is converted once per shape to a bf16 GGUF with llama.cpp's own
+converter (kept in `<out>/gguf/`). Batch 1 runs in-process (`Llama.generate`,
+no HTTP in the way); more streams go through the package's OpenAI-compatible
+server, which serves one request at a time: its rows show what a llama.cpp
+Python deployment does under concurrent load, not batched decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peers import VENVS, WORKERS, ServerPeer, ShapeRun, points_from_records, run_worker
+from results import Point
+from switchyard.bench.client import Endpoint
+
+VENV = VENVS / "llamacpp"
+PYTHON = VENV / "bin" / "python"
+SOURCE = VENV / "llama.cpp"
+"""vendor/llama.cpp of the sdist, linked here by benchmarks/setup_peers.sh."""
+
+
+class LlamaCppPeer(ServerPeer):
+    """In-process at 1 stream, `llama_cpp.server` above."""
+
+    name = "llamacpp"
+    ready_path = "/v1/models"
+    note = "bf16 GGUF; 1 stream in-process, more through llama_cpp.server (one request at a time)"
+
+    def __init__(self) -> None:
+        self.gguf: Path | None = None
+
+    def unavailable(self) -> str | None:
+        if not PYTHON.exists():
+            return f"{PYTHON} not found (see benchmarks/README.md to build llama-cpp-python)"
+        if not (SOURCE / "convert_hf_to_gguf.py").exists():
+            return f"{SOURCE}/convert_hf_to_gguf.py not found (re-run benchmarks/setup_peers.sh)"
+        return None
+
+    def _convert(self, run: ShapeRun) -> Path:
+        """The shape's GGUF, converted on first use."""
+        gguf = run.out_dir / "gguf" / f"{run.shape}-bf16.gguf"
+        if not gguf.exists():
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            partial = gguf.with_suffix(".partial")
+            argv = [str(PYTHON), str(WORKERS / "llamacpp_worker.py"), "convert",
+                    "--model", str(run.model_dir), "--out", str(partial),
+                    "--llama-cpp", str(SOURCE)]
+            _, problem = run_worker(argv, run.out_dir / "logs" / f"gguf-{run.shape}.log",
+                                    run.left_s())
+            if problem or not partial.exists():
+                raise RuntimeError(f"GGUF conversion failed: {problem or 'no output file'}")
+            partial.rename(gguf)  # only a finished file gets the final name
+        return gguf
+
+    def _n_ctx(self, run: ShapeRun) -> int:
+        return run.prompt_tokens + run.new_tokens + 64
+
+    def measure(self, run: ShapeRun) -> list[Point]:
+        self.gguf = self._convert(run)
+        points: list[Point] = []
+        if 1 in run.streams:
+            argv = [str(PYTHON), str(WORKERS / "llamacpp_worker.py"), "run",
+                    "--gguf", str(self.gguf), "--prompts", str(run.prompts_file),
+                    "--new-tokens", str(run.new_tokens), "--threads", str(run.threads),
+                    "--n-ctx", str(self._n_ctx(run))]
+            log = run.out_dir / "logs" / f"{self.name}-{run.shape}-inproc.log"
+            records, problem = run_worker(argv, log, run.left_s())
+            points += points_from_records(self.name, run, [1], records, problem,
+                                          "bf16 GGUF, in-process Llama.generate")
+        return points + super().measure(run)
+
+    def streams_here(self, run: ShapeRun) -> list[int]:
+        return [n for n in run.streams if n > 1]
+
+    def command(self, run: ShapeRun, port: int) -> tuple[list[str], dict[str, str]]:
+        assert self.gguf is not None
+        threads = str(run.threads)
+        # logits_all off: the server's default computes logits for every prompt token.
+        # interrupt_requests off: by default a new request cancels the one streaming.
+        argv = [str(PYTHON), str(WORKERS / "llamacpp_worker.py"), "serve",
+                "--model", str(self.gguf), "--model_alias", "bench",
+                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(self._n_ctx(run)),
+                "--n_threads", threads, "--n_threads_batch", threads,
+                "--logits_all", "false", "--interrupt_requests", "false"]
+        return argv, {}
+
+    def endpoint(self, port: int) -> Endpoint:
+        return Endpoint(url=f"http://127.0.0.1:{port}", api="openai-completions", model="bench")
