@@ -126,6 +126,11 @@ class SequenceRun:
                 count += 1
                 special = tokenizer.is_special(event.token_id)
                 delta = detok.step(event.token_id)
+                reason = event.finish_reason
+                if reason is not None:
+                    # An incomplete character at the very end; it belongs to the last
+                    # token, so that token texts still add up to the generated text.
+                    delta += detok.flush()
                 token = GeneratedToken(
                     id=event.token_id,
                     text=tokenizer.token_text(event.token_id) if special else delta,
@@ -133,9 +138,6 @@ class SequenceRun:
                     special=special,
                     top_tokens=event.top_tokens,
                 )
-                reason = event.finish_reason
-                if reason is not None:
-                    delta += detok.flush()  # an incomplete character at the very end
                 visible = delta
                 if stops is not None:
                     visible, matched = stops.feed(delta)

@@ -37,7 +37,8 @@ TOKEN_IDS = (400, 401, 402, 403, 404, 405, 406, 407)
 
 
 class ScriptedEngine(Engine):
-    """Emits `TOKEN_IDS` (up to `max_new_tokens`) for each request, synchronously.
+    """Emits `token_ids` (`TOKEN_IDS` unless a test sets them; up to `max_new_tokens`)
+    for each request, synchronously.
 
     `logprob(k)` gives the logprob of every token of the k-th request (0-based);
     `fail_after` set makes requests fail with an error event after that many tokens.
@@ -45,6 +46,7 @@ class ScriptedEngine(Engine):
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
+        self.token_ids: tuple[int, ...] = TOKEN_IDS
         self.requests: list[EngineRequest] = []
         self.aborted: list[str] = []
         self.fail_after: int | None = None
@@ -60,7 +62,7 @@ class ScriptedEngine(Engine):
         k = len(self.requests)
         self.requests.append(request)
         n_prompt = len(request.prompt_token_ids)
-        count = min(request.stopping.max_new_tokens, len(TOKEN_IDS))
+        count = min(request.stopping.max_new_tokens, len(self.token_ids))
         for i in range(count):
             first = i == 0
             if self.fail_after is not None and i == self.fail_after:
@@ -69,7 +71,7 @@ class ScriptedEngine(Engine):
                 return
             sink(TokenEvent(
                 request_id=request.request_id,
-                token_id=TOKEN_IDS[i],
+                token_id=self.token_ids[i],
                 logprob=self.logprob(k),
                 finish_reason=FinishReason.LENGTH if i == count - 1 else None,
                 seed=request.sampling.seed,

@@ -27,6 +27,7 @@ def app(default_model_path):
 def client(app):
     client, engine = app
     engine.requests.clear()
+    engine.token_ids = TOKEN_IDS
     engine.fail_after = None
     engine.logprob = lambda k: -1.0
     return client
@@ -169,3 +170,29 @@ def test_completion_choices_are_numbered_per_prompt(client, engine):
 ])
 def test_api_key_header(header, ok):
     assert authorized(header, "k3y") is ok
+
+
+def test_openai_penalties_keep_openai_semantics(client, engine):
+    r = client.post("/v1/chat/completions", json={**CHAT, "presence_penalty": 1.5,
+                                                  "frequency_penalty": -0.5, "user": "u-1"})
+    assert r.status_code == 200
+    sampling = engine.requests[-1].sampling
+    # Additive OpenAI penalties, not TGI's `repetition_penalty = presence_penalty + 2`.
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (1.5, -0.5)
+    assert sampling.repetition_penalty == 1.0
+
+
+def test_token_texts_add_up_when_a_character_is_cut_off(client, engine, app):
+    # The byte-level token for 0xE2 alone begins a 3-byte character that never ends.
+    lead_byte = app[0].app.state["gateway"].registry.default.tokenizer.backend.token_to_id("â")
+    engine.token_ids = (400, lead_byte)
+    for path in ("/generate", "/"):
+        r = client.post(path, json={"inputs": "hi", "parameters": {"max_new_tokens": 2,
+                                                                   "details": True}})
+        body = r.json() if path == "/generate" else r.json()[0]
+        assert body["generated_text"].endswith("\ufffd")
+        assert "".join(t["text"] for t in body["details"]["tokens"]) == body["generated_text"]
+    events = _events(client.post("/generate_stream", json={
+        "inputs": "hi", "parameters": {"max_new_tokens": 2}}).text)
+    last = json.loads(events[-1])
+    assert "".join(json.loads(e)["token"]["text"] for e in events) == last["generated_text"]
