@@ -1,234 +1,395 @@
 """OpenAI's wire types for chat completions, completions and models, as msgspec Structs.
 
 These follow the OpenAI API rather than TGI's deviations from it (real ids,
-`finish_reason` "stop" for stop strings, `logit_bias` as a token-id map).
+`finish_reason` "stop" for stop strings, `logit_bias` as a token-id map), and
+accept TGI's extensions (`repetition_penalty`, `tool_prompt`, a `value` in
+`response_format`). Docstrings and `Meta(description=...)` become the
+descriptions of the OpenAPI document (`switchyard openapi`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+
+class ImageUrl(msgspec.Struct, kw_only=True):
+    """`image_url` of an image content part."""
+
+    url: Annotated[str, Meta(description="An http(s) URL or a `data:` URL.")]
+    detail: Annotated[str | None, Meta(description="OpenAI's resolution hint.")] = None
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
     """One part of a multi-part message content; only `text` parts carry text."""
 
-    type: str
-    text: str | None = None
-    image_url: dict[str, Any] | None = None
+    type: Annotated[str, Meta(description="`text` or `image_url`.")]
+    text: Annotated[str | None, Meta(description="The text of a `text` part.")] = None
+    image_url: Annotated[ImageUrl | None, Meta(description="The image of an `image_url` "
+                                                          "part.")] = None
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    """The function of a tool call in a message."""
+
+    name: Annotated[str, Meta(description="Function name.")]
+    arguments: Annotated[Any, Meta(
+        description="Arguments: a JSON text (OpenAI) or a JSON value (TGI).")] = None
+    description: Annotated[str | None, Meta(description="Function description.")] = None
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call an assistant made, in a message."""
+
+    id: Annotated[str, Meta(description="Call id; a `tool` message answers it by this id.")]
+    function: Annotated[FunctionCall, Meta(description="The function called.")]
+    type: Annotated[str, Meta(description="Always `function`.")] = "function"
 
 
 class ChatMessageIn(msgspec.Struct, kw_only=True):
     """A message in a chat request."""
 
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    role: Annotated[str, Meta(description="`system`, `user`, `assistant` or `tool`.")]
+    content: Annotated[str | list[ContentPart] | None, Meta(
+        description="Text, or a list of content parts.")] = None
+    name: Annotated[str | None, Meta(description="Name of the participant.")] = None
+    tool_calls: Annotated[list[ToolCall] | None, Meta(
+        description="Tool calls of an earlier assistant message.")] = None
+    tool_call_id: Annotated[str | None, Meta(
+        description="The call a `tool` message answers.")] = None
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     """`stream_options` of a streamed request."""
 
-    include_usage: bool = False
+    include_usage: Annotated[bool, Meta(
+        description="Send one more chunk before `[DONE]`, with empty `choices` and the "
+                    "request's `usage`.")] = False
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    """A function the model may call."""
+
+    name: Annotated[str, Meta(description="Function name.")]
+    description: Annotated[str | None, Meta(description="What the function does.")] = None
+    parameters: Annotated[Any, Meta(
+        description="JSON schema of the arguments (OpenAI's name).")] = None
+    arguments: Annotated[Any, Meta(
+        description="JSON schema of the arguments (TGI's name for `parameters`).")] = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    """A tool the model may call."""
+
+    function: Annotated[FunctionDefinition, Meta(description="The function.")]
+    type: Annotated[str, Meta(description="Always `function`.")] = "function"
+
+
+class FunctionName(msgspec.Struct, kw_only=True):
+    """A function, by name."""
+
+    name: Annotated[str, Meta(description="Function name.")]
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """`tool_choice` naming the function the model must call."""
+
+    function: Annotated[FunctionName, Meta(description="The function to call.")]
+    type: Annotated[str, Meta(description="Always `function`.")] = "function"
+
+
+class JsonSchemaConfig(msgspec.Struct, kw_only=True):
+    """`json_schema` of a `response_format`."""
+
+    name: Annotated[str | None, Meta(description="Name of the schema.")] = None
+    schema: Annotated[Any, Meta(description="The JSON schema.")] = None
+    description: Annotated[str | None, Meta(description="What the schema describes.")] = None
+    strict: Annotated[bool | None, Meta(description="OpenAI's strict schema adherence.")] = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """`response_format` of a chat request: OpenAI's form or TGI's `{type, value}`."""
+
+    type: Annotated[str, Meta(
+        description="`text`, `json_object` or `json_schema` (OpenAI); `json`, `json_schema` "
+                    "or `regex` with `value` (TGI).")]
+    json_schema: Annotated[JsonSchemaConfig | None, Meta(
+        description="The schema, for OpenAI's `json_schema`.")] = None
+    value: Annotated[Any, Meta(
+        description="TGI's form: the JSON schema or the regular expression.")] = None
+
+
+_MODEL = ("Served model name. Absent, or TGI's placeholders `tgi` and `dummy`, mean the "
+          "default model; any other unknown name is a 404.")
+_MAX_TOKENS = "Most tokens to generate. Default: what `--max-total-tokens` leaves after the prompt."
+_TEMPERATURE = "Sampling temperature from 0 to 2; 0 is greedy. Default 1."
+_TOP_P = "Nucleus sampling: keep the most likely tokens whose probabilities add up to p."
+_N = "Number of choices to generate."
+_STOP = "Up to `--max-stop-sequences` strings that end generation; they are left out of the text."
+_SEED = "Sampling seed, for reproducible output."
+_STREAM = "Answer with server-sent events, ended by `data: [DONE]`."
+_FREQUENCY = "From -2.0 to 2.0: penalize tokens by how often they already appear."
+_PRESENCE = "From -2.0 to 2.0: penalize tokens that already appear."
+_LOGIT_BIAS = "Map of token ids (as strings) to a bias from -100 to 100 added to their logits."
+_USER = "End-user id (accepted, not used)."
 
 
 class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     """Body of `POST /v1/chat/completions`."""
 
-    messages: list[ChatMessageIn]
-    model: str | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    messages: Annotated[list[ChatMessageIn], Meta(description="The conversation so far.")]
+    model: Annotated[str | None, Meta(description=_MODEL)] = None
+    max_tokens: Annotated[int | None, Meta(description=_MAX_TOKENS)] = None
+    max_completion_tokens: Annotated[int | None, Meta(
+        description="Same as `max_tokens` (OpenAI's newer name); wins when both are set.")] = None
+    temperature: Annotated[float | None, Meta(description=_TEMPERATURE)] = None
+    top_p: Annotated[float | None, Meta(description=_TOP_P)] = None
+    n: Annotated[int | None, Meta(description=_N)] = None
+    stop: Annotated[str | list[str] | None, Meta(description=_STOP)] = None
+    seed: Annotated[int | None, Meta(description=_SEED)] = None
+    stream: Annotated[bool, Meta(description=_STREAM)] = False
+    stream_options: Annotated[StreamOptions | None, Meta(
+        description="Options of a streamed answer.")] = None
+    frequency_penalty: Annotated[float | None, Meta(description=_FREQUENCY)] = None
+    presence_penalty: Annotated[float | None, Meta(description=_PRESENCE)] = None
+    logprobs: Annotated[bool | None, Meta(
+        description="Return the log-probability of each generated token.")] = None
+    top_logprobs: Annotated[int | None, Meta(
+        description="With `logprobs`: also return this many most likely tokens per step "
+                    "(at most `--max-top-n-tokens`).")] = None
+    logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
+    user: Annotated[str | None, Meta(description=_USER)] = None
+    response_format: Annotated[ResponseFormat | None, Meta(
+        description="Constrain the answer to JSON or a schema.")] = None
+    tools: Annotated[list[Tool] | None, Meta(description="Tools the model may call.")] = None
+    tool_choice: Annotated[str | NamedToolChoice | None, Meta(
+        description="`auto`, `none`, `required`, a function name, or a named function.")] = None
+    tool_prompt: Annotated[str | None, Meta(
+        description="TGI: text put before the tool definitions in the prompt.")] = None
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):
     """Body of `POST /v1/completions`."""
 
-    prompt: str | list[str]
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    prompt: Annotated[str | list[str], Meta(
+        description="A prompt, or a list of up to `--max-client-batch-size` prompts, each "
+                    "an independent sequence.")]
+    model: Annotated[str | None, Meta(description=_MODEL)] = None
+    max_tokens: Annotated[int | None, Meta(description=_MAX_TOKENS)] = None
+    temperature: Annotated[float | None, Meta(description=_TEMPERATURE)] = None
+    top_p: Annotated[float | None, Meta(description=_TOP_P)] = None
+    n: Annotated[int | None, Meta(description=_N)] = None
+    stop: Annotated[str | list[str] | None, Meta(description=_STOP)] = None
+    seed: Annotated[int | None, Meta(description=_SEED)] = None
+    stream: Annotated[bool, Meta(description=_STREAM)] = False
+    stream_options: Annotated[StreamOptions | None, Meta(
+        description="Options of a streamed answer.")] = None
+    frequency_penalty: Annotated[float | None, Meta(description=_FREQUENCY)] = None
+    presence_penalty: Annotated[float | None, Meta(description=_PRESENCE)] = None
+    repetition_penalty: Annotated[float | None, Meta(
+        description="TGI's multiplicative repetition penalty (> 0); 1.0 is none.")] = None
+    logprobs: Annotated[int | None, Meta(
+        description="Return log-probabilities with this many alternatives per token.")] = None
+    echo: Annotated[bool, Meta(description="Put the prompt before the completion.")] = False
+    suffix: Annotated[str | None, Meta(
+        description="Not supported, as in TGI: any value is a 422.")] = None
+    logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
+    user: Annotated[str | None, Meta(description=_USER)] = None
 
 
 class Usage(msgspec.Struct):
     """Token counts of a request."""
 
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
+    prompt_tokens: Annotated[int, Meta(description="Tokens in the prompt(s).")]
+    completion_tokens: Annotated[int, Meta(description="Tokens generated.")]
+    total_tokens: Annotated[int, Meta(description="The sum of both.")]
 
 
 class TopLogprob(msgspec.Struct):
     """An alternative token in `logprobs.content[].top_logprobs`."""
 
-    token: str
-    logprob: float
-    bytes: list[int] | None
+    token: Annotated[str, Meta(description="The token's text.")]
+    logprob: Annotated[float, Meta(description="Its log-probability.")]
+    bytes: Annotated[list[int] | None, Meta(description="Its UTF-8 bytes.")]
 
 
 class TokenLogprob(msgspec.Struct):
     """A chosen token's entry in `logprobs.content`."""
 
-    token: str
-    logprob: float
-    bytes: list[int] | None
-    top_logprobs: list[TopLogprob]
+    token: Annotated[str, Meta(description="The token's text.")]
+    logprob: Annotated[float, Meta(description="Its log-probability.")]
+    bytes: Annotated[list[int] | None, Meta(description="Its UTF-8 bytes.")]
+    top_logprobs: Annotated[list[TopLogprob], Meta(
+        description="The most likely tokens at this step (`top_logprobs` of them).")]
 
 
 class ChoiceLogprobs(msgspec.Struct):
     """`logprobs` of a chat choice."""
 
-    content: list[TokenLogprob]
+    content: Annotated[list[TokenLogprob], Meta(description="One entry per generated token.")]
 
 
 class ChatMessageOut(msgspec.Struct):
     """The assistant's message in a chat answer."""
 
-    role: str
-    content: str | None
+    role: Annotated[str, Meta(description="Always `assistant`.")]
+    content: Annotated[str | None, Meta(description="The generated text.")]
+    tool_calls: Annotated[list[ToolCall] | msgspec.UnsetType, Meta(
+        description="Tools the model called; present only when it called one.")] = msgspec.UNSET
 
 
 FinishReasonOpenAI = Literal["stop", "length"]
+
+_FINISH = "`stop` (EOS or a stop string) or `length`; null until a choice's last chunk."
 
 
 class ChatChoice(msgspec.Struct):
     """One choice of a chat answer."""
 
-    index: int
-    message: ChatMessageOut
-    logprobs: ChoiceLogprobs | None
-    finish_reason: FinishReasonOpenAI
+    index: Annotated[int, Meta(description="Position of the choice, from 0.")]
+    message: Annotated[ChatMessageOut, Meta(description="The generated message.")]
+    logprobs: Annotated[ChoiceLogprobs | None, Meta(
+        description="Token log-probabilities, when `logprobs` was true.")]
+    finish_reason: Annotated[FinishReasonOpenAI, Meta(description="`stop` or `length`.")]
+
+
+_ID = "Unique id of the answer; every chunk of a stream has the same one."
+_CREATED = "Unix time (seconds) the request was answered."
+_FINGERPRINT = "Server version and platform."
 
 
 class ChatCompletion(msgspec.Struct):
     """Body of a non-streamed chat answer."""
 
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[ChatChoice]
-    usage: Usage
-    object: str = "chat.completion"
+    id: Annotated[str, Meta(description=_ID)]
+    created: Annotated[int, Meta(description=_CREATED)]
+    model: Annotated[str, Meta(description="The served model's name.")]
+    system_fingerprint: Annotated[str, Meta(description=_FINGERPRINT)]
+    choices: Annotated[list[ChatChoice], Meta(description="`n` choices.")]
+    usage: Annotated[Usage, Meta(description="Token counts.")]
+    object: Annotated[str, Meta(description="Always `chat.completion`.")] = "chat.completion"
+
+
+class FunctionDelta(msgspec.Struct, omit_defaults=True):
+    """A fragment of a streamed tool call's function."""
+
+    arguments: Annotated[str, Meta(description="The next fragment of the arguments' JSON.")]
+    name: Annotated[str | None, Meta(description="Function name, in the first fragment.")] = None
+
+
+class DeltaToolCall(msgspec.Struct):
+    """A fragment of a tool call in a streamed chunk."""
+
+    index: Annotated[int, Meta(description="Which tool call of the message, from 0.")]
+    id: Annotated[str, Meta(description="Call id.")]
+    type: Annotated[str, Meta(description="Always `function`.")]
+    function: Annotated[FunctionDelta, Meta(description="The function fragment.")]
 
 
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     """The incremental message of a chunk: `role` on the first chunk only."""
 
-    role: str | None = None
-    content: str | None = None
+    role: Annotated[str | None, Meta(description="`assistant`, on the first chunk.")] = None
+    content: Annotated[str | None, Meta(description="The next piece of text.")] = None
+    tool_calls: Annotated[list[DeltaToolCall] | None, Meta(
+        description="Fragments of tool calls, when the model calls one.")] = None
 
 
 class ChatChunkChoice(msgspec.Struct):
     """One choice of a streamed chunk."""
 
-    index: int
-    delta: ChatDelta
-    logprobs: ChoiceLogprobs | None
-    finish_reason: FinishReasonOpenAI | None
+    index: Annotated[int, Meta(description="Which choice, from 0.")]
+    delta: Annotated[ChatDelta, Meta(description="What this chunk adds to the message.")]
+    logprobs: Annotated[ChoiceLogprobs | None, Meta(
+        description="Log-probabilities of this chunk's tokens, when `logprobs` was true.")]
+    finish_reason: Annotated[FinishReasonOpenAI | None, Meta(description=_FINISH)]
 
 
 class ChatCompletionChunk(msgspec.Struct):
-    """One streamed chat event."""
+    """One streamed chat event (`data: <chunk>`); `data: [DONE]` ends the stream."""
 
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    object: str = "chat.completion.chunk"
+    id: Annotated[str, Meta(description=_ID)]
+    created: Annotated[int, Meta(description=_CREATED)]
+    model: Annotated[str, Meta(description="The served model's name.")]
+    system_fingerprint: Annotated[str, Meta(description=_FINGERPRINT)]
+    choices: Annotated[list[ChatChunkChoice], Meta(
+        description="Usually one choice; empty in the `include_usage` chunk.")]
+    usage: Annotated[Usage | None, Meta(
+        description="Token counts, in the `include_usage` chunk only.")] = None
+    object: Annotated[str, Meta(description="Always `chat.completion.chunk`.")] = (
+        "chat.completion.chunk")
 
 
 class CompletionLogprobs(msgspec.Struct):
     """Legacy `logprobs` of a completion choice."""
 
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
-    text_offset: list[int]
+    tokens: Annotated[list[str], Meta(description="The generated tokens' texts.")]
+    token_logprobs: Annotated[list[float | None], Meta(description="Their log-probabilities.")]
+    top_logprobs: Annotated[list[dict[str, float]] | None, Meta(
+        description="The most likely tokens of each step, text to log-probability.")]
+    text_offset: Annotated[list[int], Meta(description="Each token's offset in the text.")]
 
 
 class CompletionChoice(msgspec.Struct):
     """One choice of a completion answer or chunk."""
 
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: FinishReasonOpenAI | None
+    index: Annotated[int, Meta(description="Which prompt (and choice) this is, from 0.")]
+    text: Annotated[str, Meta(description="The completion, or the chunk's piece of it.")]
+    logprobs: Annotated[CompletionLogprobs | None, Meta(
+        description="Token log-probabilities, when `logprobs` was given.")]
+    finish_reason: Annotated[FinishReasonOpenAI | None, Meta(description=_FINISH)]
 
 
 class Completion(msgspec.Struct):
-    """Body of a completion answer, or one streamed completion chunk."""
+    """Body of a completion answer, or one streamed completion chunk (`data: <chunk>`,
+    ended by `data: [DONE]`)."""
 
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    object: str = "text_completion"
+    id: Annotated[str, Meta(description=_ID)]
+    created: Annotated[int, Meta(description=_CREATED)]
+    model: Annotated[str, Meta(description="The served model's name.")]
+    system_fingerprint: Annotated[str, Meta(description=_FINGERPRINT)]
+    choices: Annotated[list[CompletionChoice], Meta(
+        description="One choice per prompt and `n`.")]
+    usage: Annotated[Usage | None, Meta(
+        description="Token counts, summed over prompts; null in stream chunks.")] = None
+    object: Annotated[str, Meta(description="Always `text_completion`.")] = "text_completion"
 
 
 class ModelCard(msgspec.Struct):
     """One entry of `GET /v1/models`."""
 
-    id: str
-    created: int
-    owned_by: str
-    object: str = "model"
+    id: Annotated[str, Meta(description="The name to put in `model`.")]
+    created: Annotated[int, Meta(description="Unix time the model was created (0: unknown).")]
+    owned_by: Annotated[str, Meta(description="Owner (the hub organisation).")]
+    object: Annotated[str, Meta(description="Always `model`.")] = "model"
 
 
 class ModelList(msgspec.Struct):
     """Body of `GET /v1/models`."""
 
-    data: list[ModelCard]
-    object: str = "list"
+    data: Annotated[list[ModelCard], Meta(description="The served models.")]
+    object: Annotated[str, Meta(description="Always `list`.")] = "list"
 
 
 class ErrorDetail(msgspec.Struct):
     """OpenAI's error object."""
 
-    message: str
-    type: str
-    param: str | None
-    code: str | None
+    message: Annotated[str, Meta(description="What went wrong.")]
+    type: Annotated[str, Meta(
+        description="`invalid_request_error`, `overloaded`, `generation`, ...")]
+    param: Annotated[str | None, Meta(description="The request field at fault, if one is.")]
+    code: Annotated[str | None, Meta(description="A machine-readable code, e.g. "
+                                                 "`model_not_found`.")]
 
 
-class ErrorResponse(msgspec.Struct):
-    """OpenAI's error body."""
+class OpenAIErrorResponse(msgspec.Struct):
+    """OpenAI's error body, on every OpenAI route."""
 
-    error: ErrorDetail
+    error: Annotated[ErrorDetail, Meta(description="The error.")]
+
+
+ErrorResponse = OpenAIErrorResponse
+"""The name routes use; the class has its own so that the OpenAPI document does
+not have two `ErrorResponse` schemas (TGI's is the other)."""
