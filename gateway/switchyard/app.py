@@ -15,12 +15,10 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
-from switchyard import __version__
 from switchyard.models.loader import load_model
 from switchyard.models.served import ServedModel
+from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
 from switchyard.routes import openai, ops, sagemaker, tgi
 from switchyard.settings import ServeSettings
@@ -55,17 +53,13 @@ def create_app(
                 await asyncio.to_thread(model.engine.shutdown)
 
     return Litestar(
-        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router],
+        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router, openapi_json],
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False)},
         lifespan=[lifespan],
         request_max_body_size=settings.payload_limit,
         cors_config=CORSConfig(allow_methods=["GET", "POST"], allow_headers=["content-type"]),
-        openapi_config=OpenAPIConfig(
-            title="Switchyard",
-            version=__version__,
-            path="/docs",
-            render_plugins=[SwaggerRenderPlugin(path="/")],
-        ),
+        openapi_config=openapi_config(),
+        plugins=list(schema_plugins),
         state={"gateway": gateway},
     )
 

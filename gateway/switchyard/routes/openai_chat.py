@@ -14,6 +14,7 @@ import msgspec
 from litestar import Response, post
 from litestar.response import ServerSentEvent
 
+from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
 from switchyard.models.served import ServedModel
@@ -143,7 +144,7 @@ async def _chat_stream(
 
 
 @post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],
-      guards=[require_api_key])
+      guards=[require_api_key], **openapi.CHAT_COMPLETIONS)
 async def chat_completions(
     gw: Gateway, data: oai.ChatCompletionRequest
 ) -> Response[oai.ChatCompletion] | ServerSentEvent:

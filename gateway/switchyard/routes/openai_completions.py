@@ -15,6 +15,7 @@ import msgspec
 from litestar import Response, post
 from litestar.response import ServerSentEvent
 
+from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
 from switchyard.models.served import ServedModel
@@ -160,7 +161,7 @@ async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator
 
 
 @post("/v1/completions", status_code=200, summary="OpenAI completions", tags=["OpenAI"],
-      guards=[require_api_key])
+      guards=[require_api_key], **openapi.COMPLETIONS)
 async def completions(
     gw: Gateway, data: oai.CompletionRequest
 ) -> Response[oai.Completion] | ServerSentEvent:

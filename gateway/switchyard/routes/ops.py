@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Response, Router, get
 
-from switchyard import __version__
+from switchyard import __version__, openapi
 from switchyard.protocol import tgi
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.state import Gateway
@@ -12,7 +12,8 @@ from switchyard.state import Gateway
 _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 
-@get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"])
+@get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"],
+     **openapi.HEALTH)
 async def health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
     """200 once every model is loaded and warmed up and can generate; 503 otherwise.
 

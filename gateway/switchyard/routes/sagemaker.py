@@ -14,6 +14,7 @@ import msgspec
 from litestar import Request, Response, Router, post
 from litestar.response import ServerSentEvent
 
+from switchyard import openapi
 from switchyard.errors import validation_error
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
@@ -37,7 +38,7 @@ class _Shape(msgspec.Struct):
 
 
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
-      tags=["Text Generation Inference"], guards=[require_api_key])
+      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.INVOCATIONS)
 async def invocations(gw: Gateway, request: Request[Any, Any, Any]) -> Response[Any] | ServerSentEvent:
     """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
     body = await request.body()

@@ -14,6 +14,7 @@ import msgspec
 from litestar import Response, Router, get, post
 from litestar.response import ServerSentEvent
 
+from switchyard import openapi
 from switchyard.errors import ApiError, validation_error
 from switchyard.generation import Completed, GeneratedToken, collect_all, start, start_all
 from switchyard.models.served import ServedModel
@@ -241,7 +242,7 @@ async def compat_response(
 
 
 @post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"],
-      guards=[require_api_key])
+      guards=[require_api_key], **openapi.GENERATE)
 async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
     body, headers = await run_generate(gw, data)
@@ -249,14 +250,14 @@ async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi
 
 
 @post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
-      tags=["Text Generation Inference"], guards=[require_api_key])
+      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.GENERATE_STREAM)
 async def generate_stream_route(gw: Gateway, data: tgi.GenerateRequest) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
     return sse(stream_events(gw, data), len(data.inputs))
 
 
 @post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"],
-      guards=[require_api_key])
+      guards=[require_api_key], **openapi.COMPAT)
 async def compat_route(
     gw: Gateway, data: tgi.CompatGenerateRequest
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
@@ -272,7 +273,7 @@ async def root_health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
 
 
 @post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"],
-      guards=[require_api_key])
+      guards=[require_api_key], **openapi.TOKENIZE)
 async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.SimpleToken]:
     """Tokenize `inputs` as the model sees them, with offsets into the text."""
     model = gw.model()
@@ -285,7 +286,7 @@ async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.Sim
 
 
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
-      tags=["Text Generation Inference"], guards=[require_api_key])
+      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.CHAT_TOKENIZE)
 async def chat_tokenize_route(gw: Gateway, data: oai.ChatCompletionRequest) -> tgi.ChatTokenizeResponse:
     """Render the chat template for `messages` and tokenize the result as chat requests are."""
     model = gw.model(data.model)
