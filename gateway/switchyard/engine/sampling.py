@@ -154,6 +154,9 @@ def sample_step(
     scores = apply_logit_bias(scores, rows)
     scores = apply_watermarks(scores, rows)
     scores = apply_penalties(scores, rows)
+    # A tiny repetition penalty (any value > 0 is valid) divides a logit past float32's
+    # range: inf would make log_softmax NaN, so the largest finite value stands in.
+    scores = scores.clamp(max=torch.finfo(scores.dtype).max)
 
     sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
     greedy_ids = scores.argmax(dim=-1)
@@ -251,8 +254,19 @@ def apply_penalties(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.T
 def warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k, top-p and typical-p for sampled rows; filtered entries become -inf."""
     device = scores.device
+    finfo = torch.finfo(scores.dtype)
     temps = scores.new_tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
-    scores = scores / temps[:, None]
+    # In float32 a tiny temperature is 0 and a huge one inf; clamped, they stay usable.
+    temps = temps.clamp(min=finfo.tiny, max=finfo.max)[:, None]
+    scaled = scores / temps
+    overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
+    if overflow.any():
+        # inf would become inf - inf = NaN in softmax. Such a row is divided after its
+        # maximum is subtracted (the same distribution): the maximum stays at 0 and the
+        # rest goes to -inf, which is greedy, the limit of a tiny temperature.
+        shifted = (scores - scores.amax(dim=-1, keepdim=True)) / temps
+        scaled = torch.where(overflow, shifted, scaled)
+    scores = scaled
     vocab = scores.shape[1]
 
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
@@ -271,6 +285,8 @@ def warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor
             # Mass strictly before each entry; the first entry is always kept.
             before = probs.cumsum(dim=-1) - probs
             remove |= before >= top_p
+            # The most likely token always stays, even when float32 rounds a tiny top_p to 0.
+            remove[:, 0] = False
         scores = scores.masked_fill(remove.scatter(1, order, remove), _NEG_INF)
 
     typical = [i for i, p in enumerate(params) if p.typical_p < 1.0]
