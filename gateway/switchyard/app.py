@@ -57,7 +57,10 @@ def create_app(
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False)},
         lifespan=[lifespan],
         request_max_body_size=settings.payload_limit,
-        cors_config=CORSConfig(allow_methods=["GET", "POST"], allow_headers=["content-type"]),
+        # TGI allows content-type only; authorization is added so that a browser can
+        # send the `--api-key` bearer token.
+        cors_config=CORSConfig(allow_methods=["GET", "POST"],
+                               allow_headers=["content-type", "authorization"]),
         openapi_config=openapi_config(),
         plugins=list(schema_plugins),
         state={"gateway": gateway},

@@ -178,7 +178,9 @@ def start(model: ServedModel, plan: GenerationPlan, id_prefix: str) -> SequenceR
     return SequenceRun(model, plan, id_prefix)
 
 
-def start_all(model: ServedModel, plans: Sequence[GenerationPlan], id_prefix: str) -> list[SequenceRun]:
+def start_all(
+    model: ServedModel, plans: Sequence[GenerationPlan], id_prefix: str
+) -> list[SequenceRun]:
     """Submit several sequences back to back, so the engine batches them together."""
     runs: list[SequenceRun] = []
     try:

@@ -15,7 +15,8 @@ def _post(server, path: str, body: object) -> httpx.Response:
 
 
 def test_invocations_dispatches_on_the_body(server):
-    generate = _post(server, "/invocations", {"inputs": "import os", "parameters": {"max_new_tokens": 2}})
+    generate = _post(server, "/invocations",
+                     {"inputs": "import os", "parameters": {"max_new_tokens": 2}})
     assert generate.status_code == 200
     assert isinstance(generate.json(), list) and "generated_text" in generate.json()[0]
     chat = _post(server, "/invocations", {"messages": MESSAGES, "max_tokens": 2, "temperature": 0})

@@ -1,4 +1,4 @@
-"""OpenAI's `n`, `logit_bias`, completion `logprobs`, penalties and `user`, through the `openai` SDK."""
+"""OpenAI's `n`, `logit_bias`, completion `logprobs`, penalties and `user`, via the `openai` SDK."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def test_chat_n_streams_interleaved_choices(client):
                 finishes[c.index].append(c.finish_reason)
     assert texts == [c.message.content for c in full.choices]
     assert [len(f) for f in finishes] == [1, 1]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert len({chunk.id for chunk in chunks}) == 1
 
 
@@ -61,7 +62,8 @@ def test_completions_n_per_prompt(client):
     single = [client.completions.create(model="tgi", prompt=p, max_tokens=4, temperature=0)
               for p in prompts]
     # Choice index = prompt index * n + j; greedy choices of one prompt are equal.
-    assert [c.text for c in r.choices] == [single[0].choices[0].text] * 2 + [single[1].choices[0].text] * 2
+    expected = [single[0].choices[0].text] * 2 + [single[1].choices[0].text] * 2
+    assert [c.text for c in r.choices] == expected
     assert r.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in single)
     streamed = ["", "", "", ""]
     for chunk in client.completions.create(model="tgi", prompt=prompts, n=2, max_tokens=4,
@@ -77,7 +79,8 @@ def test_completions_logprobs(client):
     choice = r.choices[0]
     lp = choice.logprobs
     n = r.usage.completion_tokens
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    assert len(lp.text_offset) == n
     if choice.finish_reason == "length":  # no special token: the tokens spell the text
         assert "".join(lp.tokens) == choice.text
     assert lp.text_offset[0] == 0

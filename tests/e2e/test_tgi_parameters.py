@@ -79,8 +79,9 @@ def test_best_of_over_the_limit_through_the_client(server):
 ])
 def test_stream_only_checks_are_events(server, extra, message):
     parameters = {"max_new_tokens": 2, **extra}
-    for url, body in ((f"{server.url}/generate_stream", {"inputs": PROMPT, "parameters": parameters}),
-                      (f"{server.url}/", {"inputs": PROMPT, "parameters": parameters, "stream": True})):
+    request = {"inputs": PROMPT, "parameters": parameters}
+    for url, body in ((f"{server.url}/generate_stream", request),
+                      (f"{server.url}/", {**request, "stream": True})):
         (event,) = _stream_events(url, body)
         assert httpx.Response(200, content=event[5:]).json() == {
             "error": f"Input validation error: {message}", "error_type": "validation"}

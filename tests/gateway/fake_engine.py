@@ -49,6 +49,7 @@ class ScriptedEngine(Engine):
         self.token_ids: tuple[int, ...] = TOKEN_IDS
         self.requests: list[EngineRequest] = []
         self.aborted: list[str] = []
+        self.probes = 0
         self.fail_after: int | None = None
         self.logprob: Callable[[int], float] = lambda k: -1.0
 
@@ -80,6 +81,11 @@ class ScriptedEngine(Engine):
                                  if first and request.prompt_logprobs else ()),
             ))
 
+    def probe_liveness(self, timeout: float = 30.0) -> bool:
+        """Alive unless requests are scripted to fail; counts the calls."""
+        self.probes += 1
+        return self.fail_after is None
+
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
@@ -110,7 +116,9 @@ def served_model(model_path: Path, engine: ScriptedEngine, tokenizer: TextTokeni
 
 
 @contextmanager
-def scripted_app(model_path: Path, **settings: object) -> Iterator[tuple[TestClient, ScriptedEngine]]:
+def scripted_app(
+    model_path: Path, **settings: object
+) -> Iterator[tuple[TestClient, ScriptedEngine]]:
     """A started app serving a scripted engine, and the engine."""
     tokenizer = load_tokenizer(model_path)
     engine = ScriptedEngine(tokenizer.vocab_size)

@@ -43,21 +43,30 @@ def _events(text: str) -> list[str]:
 
 
 def test_health_probes_the_engine_after_a_generation_error(client, engine):
+    probes = engine.probes
+    assert client.get("/health").status_code == 200
+    assert engine.probes == probes  # healthy: no probe
     engine.fail_after = 0
     r = client.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}})
     assert r.status_code == 424 and r.json()["error_type"] == "generation"
-    submitted = len(engine.requests)
-    # Still failing: the probe is a real generation, and it fails too.
+    # Unhealthy now: /health asks the engine to prove it can generate, and it cannot.
     r = client.get("/health")
     assert r.status_code == 503 and r.json() == {"error": "unhealthy", "error_type": "healthcheck"}
-    assert len(engine.requests) == submitted + 1
-    probe = engine.requests[-1]
-    assert probe.stopping.max_new_tokens == 1
+    assert engine.probes == probes + 1
     engine.fail_after = None
     assert client.get("/health").status_code == 200  # the probe passed: healthy again
-    assert len(engine.requests) == submitted + 2
-    assert client.get("/health").status_code == 200  # healthy: no probe
-    assert len(engine.requests) == submitted + 2
+    assert engine.probes == probes + 2
+    assert client.get("/health").status_code == 200
+    assert engine.probes == probes + 2
+
+
+def test_a_successful_generation_restores_health(client, engine):
+    engine.fail_after = 0
+    client.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}})
+    engine.fail_after = None
+    assert client.post("/generate", json={"inputs": "hi"}).status_code == 200
+    probes = engine.probes
+    assert client.get("/health").status_code == 200 and engine.probes == probes
 
 
 def test_openai_chat_stream_error_after_start_then_done(client, engine):
@@ -159,7 +168,8 @@ def test_completion_choices_are_numbered_per_prompt(client, engine):
                                              "echo": True})
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
-    assert [c["text"].startswith(p) for c, p in zip(choices, ["a", "a", "b c", "b c"])] == [True] * 4
+    for choice, prompt in zip(choices, ["a", "a", "b c", "b c"], strict=True):
+        assert choice["text"].startswith(prompt)
     assert len(engine.requests) == 4
 
 

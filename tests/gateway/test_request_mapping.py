@@ -24,8 +24,9 @@ def test_best_of_rules_keep_tgi_messages():
     assert _message(GenerateParameters(best_of=2)) == "you must use sampling when `best_of` is > 1"
     assert _message(GenerateParameters(best_of=3, do_sample=True)) == (
         "`best_of` must be > 0 and <= 2. Given: 3")
-    assert _message(GenerateParameters(best_of=2, do_sample=True),
-                    ServeSettings(max_best_of=1)) == "`best_of` != 1 is not allowed for this endpoint"
+    disabled = ServeSettings(max_best_of=1)
+    assert _message(GenerateParameters(best_of=2, do_sample=True), disabled) == (
+        "`best_of` != 1 is not allowed for this endpoint")
     assert _message(GenerateParameters(best_of=2, do_sample=True, seed=1)) == (
         "`seed` must not be set when `best_of` > 1")
 

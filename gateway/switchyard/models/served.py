@@ -19,23 +19,14 @@ from dataclasses import dataclass, field
 from switchyard.errors import overloaded_error
 from switchyard.settings import TokenLimits
 from switchyard.text import TextTokenizer
-from switchyard_spec import (
-    Engine,
-    EngineRequest,
-    EngineSpec,
-    FinishReason,
-    ModelInfo,
-    SamplingParams,
-    StoppingParams,
-    TokenEvent,
-)
+from switchyard_spec import Engine, EngineRequest, EngineSpec, FinishReason, ModelInfo, TokenEvent
 
 log = logging.getLogger("switchyard.models")
 
 _request_counter = itertools.count()
 
 HEALTH_PROBE_TIMEOUT_S = 30.0
-"""How long a health probe's 1-token generation may take before the model counts as down."""
+"""How long an engine's liveness probe may take before the model counts as down."""
 
 
 @dataclass
@@ -123,9 +114,10 @@ class ServedModel:
     async def check_health(self, timeout: float = HEALTH_PROBE_TIMEOUT_S) -> bool:
         """Whether the model can serve, probing the engine when the last state was bad.
 
-        A healthy last state costs nothing beyond the engine's own liveness
-        check. After a failure a real 1-token generation runs through the
-        engine (one probe at a time) and its outcome becomes the new state.
+        A healthy last state costs only the engine's non-blocking `healthy()`.
+        After a failed generation the engine's `probe_liveness` (a real 1-token
+        generation in engines that can run one, TGI's check) runs on a worker
+        thread, one probe at a time, and its outcome becomes the new state.
         """
         if not self.engine.healthy():
             self.healthy = False
@@ -134,33 +126,20 @@ class ServedModel:
             return True
         async with self._probe_lock:
             if not self.healthy:  # another caller's probe may have settled it meanwhile
-                self.healthy = await self._probe(timeout)
+                self.healthy = await asyncio.to_thread(self._probe, timeout)
         return self.healthy
 
-    async def _probe(self, timeout: float) -> bool:
-        ids = self.tokenizer.encode("health", add_special_tokens=True)[-1:] or [0]
-        request = EngineRequest(
-            request_id=new_request_id("health"),
-            prompt_token_ids=tuple(ids),
-            sampling=SamplingParams(),
-            stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),
-            logprobs=False,
-        )
-        events = self.submit(request)
+    def _probe(self, timeout: float) -> bool:
         try:
-            async with asyncio.timeout(timeout):
-                async for event in events:
-                    if event.error is not None or event.finish_reason is FinishReason.ABORTED:
-                        log.warning("health probe of %s failed: %s", self.name,
-                                    event.error or "aborted")
-                        return False
-        except TimeoutError:
-            log.warning("health probe of %s timed out after %.0fs", self.name, timeout)
+            alive = bool(self.engine.probe_liveness(timeout))
+        except Exception:  # an engine's probe that raises has answered "not alive"
+            log.exception("health probe of %s raised", self.name)
             return False
-        finally:
-            events.close()
-        log.info("health probe of %s succeeded", self.name)
-        return True
+        if alive:
+            log.info("health probe of %s succeeded", self.name)
+        else:
+            log.warning("health probe of %s failed", self.name)
+        return alive
 
 
 def new_request_id(prefix: str) -> str:

@@ -79,7 +79,9 @@ def _unauthorized() -> Response[bytes]:
     return Response(b"", status_code=401)
 
 
-def tgi_error_response(exc: Exception, request: Request[Any, Any, Any] | None = None) -> Response[Any]:
+def tgi_error_response(
+    exc: Exception, request: Request[Any, Any, Any] | None = None
+) -> Response[Any]:
     """`exc` as a TGI error response."""
     if isinstance(exc, MissingApiKey):
         return _unauthorized()

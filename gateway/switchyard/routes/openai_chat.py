@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 
 import msgspec
 from litestar import Response, post
@@ -120,19 +121,23 @@ async def _chat_stream(
     try:
         runs = start_all(model, plans, "chat-stream")
         for index in range(len(runs)):
-            yield chunk([oai.ChatChunkChoice(index=index, delta=oai.ChatDelta(role="assistant", content=""),
-                                             logprobs=None, finish_reason=None)])
+            role = oai.ChatDelta(role="assistant", content="")
+            yield chunk([oai.ChatChunkChoice(index=index, delta=role, logprobs=None,
+                                             finish_reason=None)])
         finished: list[Finished] = []
-        async for index, step in interleave(runs):
-            done = step.finished
-            lp = chat_logprobs(model, [step]) if o.want_logprobs else None
-            if step.text or done is not None or lp is not None:
-                yield chunk([oai.ChatChunkChoice(
-                    index=index, delta=oai.ChatDelta(content=step.text), logprobs=lp,
-                    finish_reason=finish_reason(done.reason) if done else None,
-                )])
-            if done is not None:
-                finished.append(done)
+        # Closed here, not left to the garbage collector: a client that goes away
+        # must stop the sequences' reader tasks at once.
+        async with aclosing(interleave(runs)) as steps:
+            async for index, step in steps:
+                done = step.finished
+                lp = chat_logprobs(model, [step]) if o.want_logprobs else None
+                if step.text or done is not None or lp is not None:
+                    yield chunk([oai.ChatChunkChoice(
+                        index=index, delta=oai.ChatDelta(content=step.text), logprobs=lp,
+                        finish_reason=finish_reason(done.reason) if done else None,
+                    )])
+                if done is not None:
+                    finished.append(done)
         if o.include_usage and finished:
             yield chunk([], usage(finished[0].prompt_tokens, finished))
     except ApiError as exc:

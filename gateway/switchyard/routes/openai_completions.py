@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 
 import msgspec
 from litestar import Response, post
@@ -103,8 +104,10 @@ async def completion_response(
     for index, r in enumerate(results):
         prefix = req.prefix(index)
         lp = completion_logprobs(model, r.steps, len(prefix))[0] if req.logprobs else None
-        choices.append(oai.CompletionChoice(index=index, text=prefix + r.finished.generated_text,
-                                            logprobs=lp, finish_reason=finish_reason(r.finished.reason)))
+        choices.append(oai.CompletionChoice(
+            index=index, text=prefix + r.finished.generated_text, logprobs=lp,
+            finish_reason=finish_reason(r.finished.reason),
+        ))
     finished = [r.finished for r in results]
     body = oai.Completion(
         id=req.ident, created=req.created, model=model.name, system_fingerprint=req.fingerprint,
@@ -137,18 +140,21 @@ async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator
                 yield chunk([oai.CompletionChoice(index=index, text=req.prefix(index),
                                                   logprobs=None, finish_reason=None)])
         finished: list[Finished | None] = [None] * len(runs)
-        async for index, step in interleave(runs):
-            done = step.finished
-            lp = None
-            if req.logprobs:
-                lp, offsets[index] = completion_logprobs(model, [step], offsets[index])
-            if step.text or done is not None or lp is not None:
-                yield chunk([oai.CompletionChoice(
-                    index=index, text=step.text, logprobs=lp,
-                    finish_reason=finish_reason(done.reason) if done else None,
-                )])
-            if done is not None:
-                finished[index] = done
+        # Closed here, not left to the garbage collector: a client that goes away
+        # must stop the sequences' reader tasks at once.
+        async with aclosing(interleave(runs)) as steps:
+            async for index, step in steps:
+                done = step.finished
+                lp = None
+                if req.logprobs:
+                    lp, offsets[index] = completion_logprobs(model, [step], offsets[index])
+                if step.text or done is not None or lp is not None:
+                    yield chunk([oai.CompletionChoice(
+                        index=index, text=step.text, logprobs=lp,
+                        finish_reason=finish_reason(done.reason) if done else None,
+                    )])
+                if done is not None:
+                    finished[index] = done
         ended = [done for done in finished if done is not None]
         if req.include_usage and len(ended) == len(finished):
             yield chunk([], usage(req.prompt_tokens(ended), ended))

@@ -54,7 +54,8 @@ def choice_count(n: int | None) -> int:
         return 1
     if n < 1:
         raise validation_error(
-            f"Invalid 'n': integer below minimum value. Expected a value >= 1, but got {n} instead.",
+            "Invalid 'n': integer below minimum value. "
+            f"Expected a value >= 1, but got {n} instead.",
             param="n",
         )
     if n > MAX_N:
@@ -165,9 +166,12 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     if not req.messages:
         raise validation_error("`messages` cannot be empty", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
-        raise validation_error("`top_logprobs` requires `logprobs` to be true", param="top_logprobs")
+        raise validation_error("`top_logprobs` requires `logprobs` to be true",
+                               param="top_logprobs")
+    max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
+                  else req.max_tokens)
     params = to_parameters(SamplingFields(
-        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        max_tokens=max_tokens,
         temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed,
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         top_n_tokens=req.top_logprobs or 0, n=req.n,
@@ -186,7 +190,9 @@ def completion_prompts(req: oai.CompletionRequest) -> list[str]:
     return [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
 
 
-def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest) -> list[GenerationPlan]:
+def plan_completion(
+    gw: Gateway, model: ServedModel, req: oai.CompletionRequest
+) -> list[GenerationPlan]:
     """Validate a completion request: one plan per prompt (one choice each)."""
     prompts = completion_prompts(req)
     if not prompts:

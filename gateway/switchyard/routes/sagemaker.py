@@ -19,7 +19,11 @@ from switchyard.errors import validation_error
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
 from switchyard.routes.auth import require_api_key
-from switchyard.routes.errors import openai_error_response, tgi_error_response, tgi_exception_handlers
+from switchyard.routes.errors import (
+    openai_error_response,
+    tgi_error_response,
+    tgi_exception_handlers,
+)
 from switchyard.routes.openai_chat import chat_response
 from switchyard.routes.openai_completions import completion_response
 from switchyard.routes.tgi import compat_response
@@ -39,7 +43,9 @@ class _Shape(msgspec.Struct):
 
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.INVOCATIONS)
-async def invocations(gw: Gateway, request: Request[Any, Any, Any]) -> Response[Any] | ServerSentEvent:
+async def invocations(
+    gw: Gateway, request: Request[Any, Any, Any]
+) -> Response[Any] | ServerSentEvent:
     """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
     body = await request.body()
     shape = msgspec.json.decode(body, type=_Shape)
@@ -47,12 +53,14 @@ async def invocations(gw: Gateway, request: Request[Any, Any, Any]) -> Response[
         return await compat_response(gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest))
     if shape.messages:
         try:
-            return await chat_response(gw, msgspec.json.decode(body, type=oai.ChatCompletionRequest))
+            chat = msgspec.json.decode(body, type=oai.ChatCompletionRequest)
+            return await chat_response(gw, chat)
         except Exception as exc:  # noqa: BLE001 - every error answers in OpenAI's format
             return openai_error_response(exc, request)
     if shape.prompt:
         try:
-            return await completion_response(gw, msgspec.json.decode(body, type=oai.CompletionRequest))
+            completion = msgspec.json.decode(body, type=oai.CompletionRequest)
+            return await completion_response(gw, completion)
         except Exception as exc:  # noqa: BLE001
             return openai_error_response(exc, request)
     return tgi_error_response(validation_error(

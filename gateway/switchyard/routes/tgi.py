@@ -57,7 +57,8 @@ def _token(token: GeneratedToken) -> tgi.Token:
 def _top_tokens(model: ServedModel, token: GeneratedToken) -> list[tgi.Token]:
     tok = model.tokenizer
     return [
-        tgi.Token(id=t.id, text=tok.token_text(t.id), logprob=t.logprob, special=tok.is_special(t.id))
+        tgi.Token(id=t.id, text=tok.token_text(t.id), logprob=t.logprob,
+                  special=tok.is_special(t.id))
         for t in token.top_tokens
     ]
 
@@ -168,7 +169,8 @@ async def run_generate(
 
 
 def _error_event(exc: ApiError) -> str:
-    return msgspec.json.encode(tgi.ErrorResponse(error=exc.message, error_type=exc.error_type)).decode()
+    body = tgi.ErrorResponse(error=exc.message, error_type=exc.error_type)
+    return msgspec.json.encode(body).decode()
 
 
 def _check_streamable(params: tgi.GenerateParameters) -> None:
@@ -287,7 +289,9 @@ async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.Sim
 
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.CHAT_TOKENIZE)
-async def chat_tokenize_route(gw: Gateway, data: oai.ChatCompletionRequest) -> tgi.ChatTokenizeResponse:
+async def chat_tokenize_route(
+    gw: Gateway, data: oai.ChatCompletionRequest
+) -> tgi.ChatTokenizeResponse:
     """Render the chat template for `messages` and tokenize the result as chat requests are."""
     model = gw.model(data.model)
     text = chat_prompt(model, data)
