@@ -15,6 +15,7 @@ from switchyard_spec.types import (
     EngineStats,
     EventSink,
     ModelInfo,
+    StepObserver,
     WarmupReport,
 )
 
@@ -75,6 +76,14 @@ class Engine(abc.ABC):
         report a dead loop or a failed probe.
         """
         return True
+
+    def set_step_observer(self, observer: StepObserver | None) -> None:
+        """Report every forward step to ``observer`` (None stops reporting).
+
+        The gateway installs one for its metrics before ``warmup``. Engines that
+        do not report steps may leave this default, which ignores it.
+        """
+        return None
 
     def probe_liveness(self, timeout: float = 30.0) -> bool:
         """Prove the engine can still generate; may block up to ``timeout`` seconds.

@@ -128,6 +128,35 @@ class TokenEvent(msgspec.Struct, frozen=True, kw_only=True):
     log-probability of prompt token ``i + 1`` given tokens ``0..i``, so one fewer
     entry than the prompt has tokens (the first token has none)."""
     error: str | None = None
+    queue_seconds: float | None = None
+    """On the first event only: seconds from ``submit`` until the sequence first
+    entered a forward step (TGI's queue time)."""
+
+
+class StepReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One forward step of an engine, for metrics and traces.
+
+    ``method`` is "prefill" when the step only prefilled, "decode" when it only
+    decoded, and "mixed" when it did both (chunked prefill).
+    """
+
+    method: str
+    batch_size: int
+    """Sequences in the step."""
+    prefill_tokens: int
+    decode_tokens: int
+    seconds: float
+    """Wall time of the forward pass and sampling."""
+    ok: bool = True
+    queue_size: int = 0
+    """Sequences waiting after the step."""
+    kv_tokens_used: int = 0
+    kv_tokens_total: int = 0
+
+
+StepObserver = Callable[[StepReport], None]
+"""Receives a ``StepReport`` after every forward step, on the engine's thread:
+it must be cheap, thread-safe and must not raise."""
 
 
 EventSink = Callable[[TokenEvent], None]
