@@ -164,3 +164,19 @@ def test_penalties_change_a_repetitive_greedy_text(client):
         penalized = client.completions.create(**penalty, **kw).choices[0].logprobs.tokens
         assert penalized != base
         assert penalized[0] == base[0]  # nothing to penalize before the first token
+
+
+def test_tools_and_response_format_are_refused_by_name(server):
+    import httpx
+
+    base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={**base, "tools": tools}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "tools"
+    r = httpx.post(f"{server.url}/v1/chat/completions",
+                   json={**base, "response_format": {"type": "json_object"}}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "response_format"
+    r = httpx.post(f"{server.url}/v1/chat/completions",
+                   json={**base, "response_format": {"type": "text"}, "tools": tools,
+                         "tool_choice": "none"}, timeout=30)
+    assert r.status_code == 200

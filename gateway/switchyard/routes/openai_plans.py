@@ -161,6 +161,20 @@ def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest) -> str:
         raise ApiError(422, str(exc), "template_error") from exc
 
 
+def _reject_unsupported_chat_fields(req: oai.ChatCompletionRequest) -> None:
+    """Fields this server cannot honour yet get a 422 that names them, never silence."""
+    if req.tools and req.tool_choice != "none":
+        raise validation_error(
+            "`tools` are not supported by this server yet (no grammar engine)", param="tools"
+        )
+    if req.response_format is not None and req.response_format.type != "text":
+        raise validation_error(
+            f"`response_format` of type {req.response_format.type!r} is not supported by this "
+            "server yet (no grammar engine)",
+            param="response_format",
+        )
+
+
 def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -> GenerationPlan:
     """Validate a chat request, render its template and tokenize it (one choice's plan)."""
     if not req.messages:
@@ -168,6 +182,7 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     if req.top_logprobs is not None and not req.logprobs:
         raise validation_error("`top_logprobs` requires `logprobs` to be true",
                                param="top_logprobs")
+    _reject_unsupported_chat_fields(req)
     max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                   else req.max_tokens)
     params = to_parameters(SamplingFields(
