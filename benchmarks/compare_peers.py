@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a server may take to become ready")
     p.add_argument("--bandwidth-mib", type=int, help="tensor size for the bandwidth test")
     p.add_argument("--seed", type=int, default=0, help="prompt selection seed")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="threads for llama.cpp and cores bound for vLLM (default: all CPUs)")
     p.add_argument("--switchyard-args", default="", help="extra `switchyard serve` arguments")
     p.add_argument("--vllm-args", default="", help="extra vLLM api_server arguments")
     args = p.parse_args(argv)
@@ -125,8 +127,12 @@ def machine() -> str:
         isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     except OSError:
         isa = []
+    # The load average says whether the numbers can be trusted: with other work on
+    # the cores, spinning thread pools (OpenMP, ggml) lose far more than their share.
+    load = os.getloadavg()[0]
     return (f"{cpu}, {os.cpu_count()} CPUs ({', '.join(isa) or 'no AVX-512'}), "
-            f"Python {platform.python_version()}, torch {torch.__version__}")
+            f"Python {platform.python_version()}, torch {torch.__version__}, "
+            f"load average {load:.1f} at start")
 
 
 def run_peer(peer: Peer, shape_run: ShapeRun) -> list[Point]:
@@ -157,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     run_report = report.RunReport(command=shlex.join([Path(sys.executable).name, *sys.argv]),
                                   machine=machine(), settings=settings)
     print(run_report.machine, flush=True)
+    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        print("warning: the machine is busy; these numbers will not be representative",
+              flush=True)
     try:
         run_report.bandwidth = bandwidth.measure_bandwidth(args.bandwidth_mib)
         print(f"memory read bandwidth: {run_report.bandwidth.read_gbs:.1f} GB/s", flush=True)
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             shape_run = ShapeRun(shape=shape, model_dir=model_dir, prompts=prompts,
                                  prompts_file=prompts_file, prompt_tokens=args.prompt_tokens,
                                  new_tokens=args.new_tokens, streams=streams, out_dir=args.out,
-                                 budget_s=args.peer_timeout, start_timeout_s=args.start_timeout)
+                                 budget_s=args.peer_timeout, start_timeout_s=args.start_timeout,
+                                 threads=args.threads)
             for point in run_peer(peer, shape_run):
                 run_report.points.append(point)
                 rate = point.output_tokens_per_s

@@ -77,7 +77,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass  # not listening yet
             time.sleep(2)
-        raise ServerError(f"not ready after {self.start_timeout_s:g}s: {log_tail(self.log_path)}")
+        raise ServerError(f"not ready after {self.start_timeout_s:.0f}s: {log_tail(self.log_path)}")
 
     def stop(self) -> None:
         """SIGTERM the group, then SIGKILL it if it lingers."""

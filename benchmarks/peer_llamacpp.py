@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from peers import VENVS, WORKERS, ServerPeer, ShapeRun, points_from_records, run_worker
-from results import Point
+from results import Point, skipped
 from switchyard.bench.client import Endpoint
 
 VENV = VENVS / "llamacpp"
@@ -67,9 +67,13 @@ class LlamaCppPeer(ServerPeer):
                     "--n-ctx", str(self._n_ctx(run))]
             log = run.out_dir / "logs" / f"{self.name}-{run.shape}-inproc.log"
             records, problem = run_worker(argv, log, run.left_s())
-            points += points_from_records(self.name, run, [1], records, problem,
-                                          "bf16 GGUF, in-process Llama.generate")
-        return points + super().measure(run)
+            points += points_from_records(self.name, run, [1], records, problem, self.note)
+        try:
+            return points + super().measure(run)
+        except Exception as exc:  # noqa: BLE001 - keep the in-process row if the server fails
+            reason = f"{type(exc).__name__}: {exc}"
+            return points + [skipped(self.name, run.shape, n, reason)
+                             for n in self.streams_here(run)]
 
     def streams_here(self, run: ShapeRun) -> list[int]:
         return [n for n in run.streams if n > 1]

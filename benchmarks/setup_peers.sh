@@ -49,8 +49,15 @@ setup_llamacpp() {
     "$v/bin/python" -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__)"
 }
 
-for peer in "${want[@]}"; do
-    start=$(date +%s)
-    "setup_$peer"
-    echo "setup $peer: $(( $(date +%s) - start )) s"
-done
+main() {
+    local peer start
+    for peer in "${want[@]}"; do
+        start=$(date +%s)
+        "setup_$peer"
+        echo "setup $peer: $(( $(date +%s) - start )) s"
+    done
+}
+
+# bash reads a script as it runs; calling main on the last line means the
+# whole file is parsed first, so editing it mid-build cannot derail the run.
+main; exit

@@ -7,7 +7,7 @@ Three sub-commands:
         package's source distribution). The converter recognises a BPE
         pre-tokenizer by hashing its output on a test string; a tokenizer trained
         locally matches no known hash, and it is GPT-2's byte-level split, so the
-        converter is told "gpt2" instead of giving up.
+        converter is told "gpt-2" (llama.cpp's name for it) instead of giving up.
     run --gguf FILE --prompts prompts.json --new-tokens N --threads T
         batch-1 decode in-process with `Llama.generate` (greedy): prints one
         JSON record (format in `benchmarks/results.py:from_worker`).
@@ -35,7 +35,7 @@ def convert(model: str, out: str, llama_cpp_dir: str) -> None:
     from conversion.base import TextModel  # the converter's own package
 
     def gpt2_pre(self: Any, tokenizer: Any) -> str:
-        return "gpt2"
+        return "gpt-2"
 
     TextModel.get_vocab_base_pre = gpt2_pre  # type: ignore[method-assign]
     sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", "bf16"]
