@@ -6,23 +6,13 @@ command line works here unchanged.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import sys
 
 import click
 
 from switchyard import __version__
 from switchyard.settings import ServeSettings
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @click.group()
@@ -66,22 +56,35 @@ def main() -> None:
               help="Require `Authorization: Bearer <key>` on the generation routes.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--json-output", envvar="JSON_OUTPUT", is_flag=True,
+              help="Log JSON lines (one per finished request, with its timings).")
+@click.option("--otlp-endpoint", envvar="OTLP_ENDPOINT", default=None,
+              help="Export traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318.")
+@click.option("--otlp-service-name", envvar="OTLP_SERVICE_NAME", default="switchyard",
+              show_default=True, help="service.name of the exported traces.")
+@click.option("--disable-telemetry", envvar="SWITCHYARD_DISABLE_TELEMETRY", is_flag=True,
+              hidden=True, help="Record no request metrics, traces or request logs "
+                                "(to measure what they cost).")
 def serve(**options: object) -> None:
     """Load a model, warm it up and serve the OpenAI and TGI APIs."""
+    from switchyard.telemetry.logs import configure_logging
+
+    settings = ServeSettings(**options)  # type: ignore[arg-type]
+    # First, so that everything after, imports included, logs in one format.
+    configure_logging(settings.log_level, settings.json_output)
+
     import uvicorn
 
     from switchyard.app import create_app
-
-    settings = ServeSettings(**options)  # type: ignore[arg-type]
-    _setup_logging(settings.log_level)
 
     def stop_on_failure() -> None:
         # A server that cannot load its model should exit, as TGI's launcher does.
         os.kill(os.getpid(), signal.SIGTERM)
 
     app = create_app(settings, on_startup_failure=stop_on_failure)
+    # log_config=None: uvicorn's loggers go through the configuration above.
     uvicorn.run(app, host=settings.hostname, port=settings.port, log_level=settings.log_level,
-                access_log=settings.log_level == "debug")
+                access_log=settings.log_level == "debug", log_config=None)
 
 
 @main.command()

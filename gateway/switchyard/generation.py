@@ -22,6 +22,7 @@ import msgspec
 
 from switchyard.errors import ApiError, generation_error
 from switchyard.models.served import EventStream, ServedModel, new_request_id
+from switchyard.telemetry.request import note_sequence
 from switchyard.text.detokenizer import IncrementalDetokenizer
 from switchyard.text.stops import StopMatcher
 from switchyard.validation import GenerationPlan
@@ -96,6 +97,8 @@ class SequenceRun:
             stopping=plan.stopping,
             prompt_logprobs=plan.prompt_logprobs,
         )
+        # The request's telemetry times each sequence: submit, first event, end.
+        self._record = note_sequence(plan.prompt_ids, plan.stopping.max_new_tokens)
         self._events: EventStream = model.submit(request)
 
     def close(self) -> None:
@@ -118,8 +121,11 @@ class SequenceRun:
         count = 0
         prompt_logprobs: tuple[float, ...] = ()
         seed = plan.sampling.seed if plan.sampling.do_sample else None
+        record = self._record
         try:
             async for event in self._events:
+                if count == 0 and record is not None:
+                    record.first(event.queue_seconds)
                 _raise_if_failed(model, event)
                 if event.prompt_logprobs:
                     prompt_logprobs = event.prompt_logprobs
@@ -148,6 +154,8 @@ class SequenceRun:
                 text_parts.append(visible)
                 finished = None
                 if reason is not None:
+                    if record is not None:
+                        record.end(count, reason.value)
                     model.healthy = True
                     finished = Finished(
                         reason=reason,
@@ -161,6 +169,8 @@ class SequenceRun:
                 if finished is not None:
                     return
         finally:
+            if record is not None and record.ended is None:  # failed or cut short
+                record.end(count, None)
             self.close()
 
 

@@ -39,6 +39,14 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     api_key: str | None = None
     """When set, generation routes require `Authorization: Bearer <api_key>`."""
     log_level: str = "info"
+    json_output: bool = False
+    """Log JSON lines instead of text (TGI's `--json-output`)."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP collector to export traces to (TGI's `--otlp-endpoint`); None: no tracing."""
+    otlp_service_name: str = "switchyard"
+    """`service.name` of the exported traces."""
+    disable_telemetry: bool = False
+    """Record no request or step telemetry (only to measure what telemetry costs)."""
 
 
 class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):

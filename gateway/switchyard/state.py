@@ -10,6 +10,7 @@ from switchyard.errors import ApiError
 from switchyard.models.registry import ModelRegistry
 from switchyard.models.served import ServedModel
 from switchyard.settings import ServeSettings
+from switchyard.telemetry.request import note_model
 
 
 @dataclass
@@ -32,4 +33,6 @@ class Gateway:
         if not self.ready:
             detail = self.startup_error or "the model is still loading"
             raise ApiError(503, f"Model is not ready: {detail}", "unhealthy")
-        return self.registry.resolve(name)
+        model = self.registry.resolve(name)
+        note_model(model.name, model.engine_spec.name)  # labels the request's metrics
+        return model

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
@@ -17,7 +18,7 @@ from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
 from switchyard.settings import ServeSettings, resolve_token_limits
 from switchyard.text import load_tokenizer
-from switchyard_spec import EngineConfig, EngineStartError
+from switchyard_spec import EngineConfig, EngineStartError, StepObserver
 
 log = logging.getLogger("switchyard.models")
 
@@ -45,12 +46,23 @@ def resolve_model_path(model_id: str | None, revision: str | None = None) -> tup
     return model_id, Path(folder)
 
 
-def load_model(settings: ServeSettings, plugins: PluginHost) -> ServedModel:
-    """Build, load and warm up the model `settings` names. Blocking: call off the event loop."""
+ObserverFactory = Callable[[str, str], StepObserver | None]
+"""Given (served model name, engine name), the step observer to install, if any."""
+
+
+def load_model(
+    settings: ServeSettings, plugins: PluginHost, step_observer: ObserverFactory | None = None
+) -> ServedModel:
+    """Build, load and warm up the model `settings` names. Blocking: call off the event loop.
+
+    `step_observer` (the gateway's metrics) is installed on the engine before
+    warmup, as the engine contract asks.
+    """
     t0 = time.perf_counter()
     model_id, path = resolve_model_path(settings.model_id, settings.revision)
     log.info("model %s: files at %s", model_id, path)
     tokenizer = load_tokenizer(path)
+    log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(settings.engine)
     engine = spec.factory(
         EngineConfig(
@@ -70,11 +82,14 @@ def load_model(settings: ServeSettings, plugins: PluginHost) -> ServedModel:
         "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d",
         model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
     )
+    name = settings.served_model_name or model_id
+    observer = step_observer(name, spec.name) if step_observer is not None else None
+    if observer is not None:
+        engine.set_step_observer(observer)
     log.info("model %s: warming up", model_id)
     report = engine.warmup()
     log.info("model %s: warm in %.1fs; ready after %.1fs", model_id, report.seconds,
              time.perf_counter() - t0)
-    name = settings.served_model_name or model_id
     aliases = frozenset({model_id} - {name})
     return ServedModel(
         name=name,
@@ -86,4 +101,5 @@ def load_model(settings: ServeSettings, plugins: PluginHost) -> ServedModel:
         limits=limits,
         admission=Admission(limit=settings.max_concurrent_requests),
         aliases=aliases,
+        warmup=report,
     )

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from switchyard.errors import overloaded_error
 from switchyard.settings import TokenLimits
 from switchyard.text import TextTokenizer
-from switchyard_spec import Engine, EngineRequest, EngineSpec, FinishReason, ModelInfo, TokenEvent
+from switchyard_spec import (
+    Engine,
+    EngineRequest,
+    EngineSpec,
+    FinishReason,
+    ModelInfo,
+    TokenEvent,
+    WarmupReport,
+)
 
 log = logging.getLogger("switchyard.models")
 
@@ -105,6 +113,8 @@ class ServedModel:
     healthy: bool = True
     """Last known state: false after a generation error, until a sequence or a
     health probe succeeds again (TGI's backend health flag)."""
+    warmup: WarmupReport | None = None
+    """What the engine's warmup measured (time, token capacity), for metrics."""
     _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def submit(self, request: EngineRequest) -> EventStream:

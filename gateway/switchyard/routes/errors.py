@@ -22,6 +22,7 @@ from switchyard.errors import ApiError
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
 from switchyard.routes.auth import MissingApiKey
+from switchyard.telemetry.request import note_error
 
 log = logging.getLogger("switchyard.http")
 
@@ -42,7 +43,17 @@ def _payload_too_large(request: Request[Any, Any, Any] | None) -> ApiError:
 
 
 def as_api_error(exc: Exception, request: Request[Any, Any, Any] | None = None) -> ApiError:
-    """The `ApiError` that describes `exc` (a 500 for anything unexpected, logged)."""
+    """The `ApiError` that describes `exc` (a 500 for anything unexpected, logged).
+
+    Every error answered as a response goes through here: the request's
+    telemetry notes it (`tgi_request_failure{err}`, the request log line).
+    """
+    err = _as_api_error(exc, request)
+    note_error(err)
+    return err
+
+
+def _as_api_error(exc: Exception, request: Request[Any, Any, Any] | None) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
@@ -122,4 +133,5 @@ def openai_exception_handlers() -> dict[type[Exception], Handler]:
 
 def openai_error_json(err: ApiError) -> bytes:
     """An OpenAI-style error as raw JSON, for errors raised after a stream began."""
+    note_error(err)
     return msgspec.json.encode(_openai_detail(err))

@@ -1,4 +1,5 @@
-"""Operational routes: readiness (`/health`, `/ping`, `GET /`), liveness (`/live`), `/info`."""
+"""Operational routes: readiness (`/health`, `/ping`, `GET /`), liveness (`/live`), `/info`,
+and Prometheus metrics (`/metrics`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from switchyard import __version__, openapi
 from switchyard.protocol import tgi
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.state import Gateway
+from switchyard.telemetry import Telemetry
+from switchyard.telemetry.exposition import CONTENT_TYPE
 
 _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
@@ -57,8 +60,15 @@ async def info(gw: Gateway) -> tgi.Info:
     )
 
 
+@get("/metrics", summary="Prometheus metrics scrape endpoint", tags=["Text Generation Inference"],
+     operation_id="metrics", response_description="Prometheus Metrics", media_type="text/plain")
+async def metrics(telemetry: Telemetry) -> Response[str]:
+    """TGI's metrics (names, types, labels, buckets) in Prometheus' text format."""
+    return Response(telemetry.metrics.exposition().decode(), media_type=CONTENT_TYPE)
+
+
 router = Router(
     path="/",
-    route_handlers=[health, live, info],
+    route_handlers=[health, live, info, metrics],
     exception_handlers=tgi_exception_handlers(),
 )

@@ -25,6 +25,7 @@ from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.routes.openai_plans import chat_prompt
 from switchyard.routes.ops import health
 from switchyard.state import Gateway
+from switchyard.telemetry.request import note_error
 from switchyard.validation import (
     GenerationPlan,
     build_plan,
@@ -169,6 +170,7 @@ async def run_generate(
 
 
 def _error_event(exc: ApiError) -> str:
+    note_error(exc)  # in-stream errors never reach the exception handlers
     body = tgi.ErrorResponse(error=exc.message, error_type=exc.error_type)
     return msgspec.json.encode(body).decode()
 
