@@ -122,9 +122,10 @@ def make_engine(default_model_path: Path) -> Iterator[Callable[..., XeonEngine]]
     """Build and start engines on the default model (float32); all are shut down after."""
     engines: list[XeonEngine] = []
 
-    def build(**limits: int) -> XeonEngine:
+    def build(options: dict[str, str] | None = None, **limits: int) -> XeonEngine:
         engine = XeonEngine(EngineConfig(model_path=str(default_model_path), dtype="float32",
-                                         options=TEST_OPTIONS, **limits))  # type: ignore[arg-type]
+                                         options={**TEST_OPTIONS, **(options or {})},
+                                         **limits))  # type: ignore[arg-type]
         engine.start()
         engines.append(engine)
         return engine

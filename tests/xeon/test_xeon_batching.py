@@ -25,7 +25,7 @@ def _record_batches(engine, gate: threading.Event | None = None,
         if gate is not None and len(seen) == park_at:
             entered.set()
             gate.wait(30)
-        seen.append((len(seqs), sum(1 for s in seqs if s.num_cached == 0)))
+        seen.append((len(seqs), sum(1 for s in seqs if s.generated == 0)))
         return original(seqs)
 
     runner.step = step

@@ -32,6 +32,8 @@ def test_start_warmup_and_report(default_model_path, caplog):
         assert engine.stats().steps >= 4
         assert any("threads" in r.message for r in caplog.records)
         assert any("warmup" in r.message for r in caplog.records)
+        assert any(r.getMessage().startswith("kv cache: ") and "MiB" in r.getMessage()
+                   for r in caplog.records)
     finally:
         engine.shutdown()
     assert not engine.healthy()
@@ -108,8 +110,8 @@ def test_abort_frees_the_slot(make_engine):
     assert sum(1 for e in long_events if e.finish_reason is not None) == 1
     assert len(token_ids(sink.wait("next"))) == 4
     engine.abort("long")  # already finished: ignored
-    cache = engine._scheduler.cache
-    assert cache.free_blocks == cache.num_blocks
+    blocks = engine._scheduler.blocks
+    assert blocks.num_free_blocks == blocks.num_blocks
 
 
 def test_step_failure_fails_only_that_step(make_engine, hf_greedy):
@@ -132,7 +134,8 @@ def test_step_failure_fails_only_that_step(make_engine, hf_greedy):
     engine.submit(greedy_request("after", prompt_of(7), 5), sink)
     assert token_ids(sink.wait("after")) == hf_greedy(prompt_of(7), 5)
     assert engine.healthy()
-    assert engine._scheduler.cache.free_blocks == engine._scheduler.cache.num_blocks
+    blocks = engine._scheduler.blocks
+    assert blocks.num_free_blocks == blocks.num_blocks
 
 
 def test_raising_sink_does_not_stop_the_loop(shared_engine):

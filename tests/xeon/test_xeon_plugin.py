@@ -12,7 +12,8 @@ from switchyard_spec import ENTRY_POINT_GROUP, EngineConfig
 from switchyard_xeon import machine, plugin
 from switchyard_xeon.attention import _attend
 from switchyard_xeon.engine import XeonEngine
-from switchyard_xeon.kv_cache import CacheShape, KVCache
+from switchyard_xeon.block_manager import BlockManager
+from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
 
 
 def test_entry_point_is_registered():
@@ -54,21 +55,25 @@ def test_cpu_info_counts_physical_cores(tmp_path):
     assert "amx_bf16" in info.describe()
 
 
-def test_kv_cache_accounting():
-    cache = KVCache(CacheShape(num_layers=2, num_kv_heads=1, head_dim=4), torch.float32,
-                    num_blocks=4, block_size=16)
-    assert cache.bytes_per_token() == 2 * 2 * 1 * 4 * 4
-    assert cache.can_reserve(64) and not cache.can_reserve(65)
-    cache.reserve(1, 20)  # two blocks
-    assert cache.free_blocks == 2
-    k = torch.randn(1, 3, 4)
-    cache.write(1, 1, 0, k, -k)
-    cache.commit(1, 3)
-    keys, values = cache.read(1, 1, 3)
-    assert torch.equal(keys, k) and torch.equal(values, -k)
-    cache.release(1)
-    cache.release(1)
-    assert cache.free_blocks == 4
+def test_paged_cache_writes_slots_and_gathers_blocks():
+    cache = PagedKVCache(CacheShape(num_layers=2, num_kv_heads=2, head_dim=4), torch.float32,
+                         num_blocks=6, block_size=4)
+    assert cache.bytes_per_token() == 2 * 2 * 2 * 4 * 4 and cache.capacity_tokens == 24
+    assert cache.nbytes == 24 * cache.bytes_per_token()
+    blocks = BlockManager(6, 4)
+    assert blocks.grow(7, 3) and blocks.grow(8, 4) and blocks.grow(7, 6)
+    table = blocks.table(7)
+    assert table == [0, 2]  # interleaved with sequence 8's block 1
+    k, v = torch.randn(2, 6, 4), torch.randn(2, 6, 4)
+    cache.write(1, torch.tensor(blocks.slots(7, 0, 6)), k, v)
+    index = cache.block_index(table)
+    assert isinstance(index, torch.Tensor)  # not consecutive: gathered
+    keys, values = cache.read(1, index, 6)
+    assert torch.equal(keys, k) and torch.equal(values, v)
+    assert cache.block_index([3, 4, 5]) == slice(3, 6)  # consecutive: a view
+    cache.write(0, torch.tensor(blocks.slots(8, 0, 4)), k[:, :4], v[:, :4])
+    view, _ = cache.read(0, cache.block_index(blocks.table(8)), 3)
+    assert torch.equal(view, k[:, :3]) and view.data_ptr() == cache.keys[0][:, 1].data_ptr()
 
 
 def test_attend_masks_match_full_causal_attention():

@@ -1,4 +1,4 @@
-"""Turning an EngineRequest into a Sequence, and the limits that decide whether it can run.
+"""Turning an EngineRequest into a Sequence; the limits and cache size that decide what can run.
 
 Requests arrive validated by the gateway, but the engine checks what would
 otherwise break a whole batch (an id outside the vocabulary makes the embedding
@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass, replace
 
 from switchyard.engine.sampling import RowSampler
 from switchyard.engine.watermark import WatermarkConfig
-from switchyard_spec import EngineConfig, EngineRequest, EventSink, ModelInfo
+from switchyard_spec import EngineConfig, EngineRequest, EngineStartError, EventSink, ModelInfo
 
-from switchyard_xeon.scheduler import Limits, Sequence
+from switchyard_xeon.block_manager import blocks_for
+from switchyard_xeon.kv_cache import BLOCK_SIZE
+from switchyard_xeon.scheduler import (
+    DEFAULT_MAX_WAITING_TOKENS,
+    DEFAULT_WAITING_SERVED_RATIO,
+    Limits,
+)
+from switchyard_xeon.sequence import Sequence
 
 IGNORE_EOS_ENV = "TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN"
 
@@ -31,25 +39,100 @@ def ignore_eos_forced() -> bool:
     return os.environ.get(IGNORE_EOS_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+@dataclass(frozen=True)
+class CachePlan:
+    """How big the paged KV cache is, and why."""
+
+    num_blocks: int
+    block_size: int
+    source: str
+    """What decided the size, for the start-up log."""
+    prefix_caching: bool = True
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the cache holds."""
+        return self.num_blocks * self.block_size
+
+
+def _number(options: dict[str, str], key: str, kind: type[int] | type[float],
+            default: float, minimum: float) -> float:
+    """``options[key]`` as a number of at least ``minimum``, or ``default`` when unset."""
+    raw = str(options.get(key, "")).strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        message = f"xeon option {key}={raw!r} is not a valid {kind.__name__}"
+        raise EngineStartError(message) from None
+    if value < minimum:
+        raise EngineStartError(f"xeon option {key}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _flag(options: dict[str, str], key: str, default: bool) -> bool:
+    """``options[key]`` as a yes/no flag, or ``default`` when unset."""
+    raw = str(options.get(key, "")).strip().lower()
+    if not raw:
+        return default
+    if raw not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise EngineStartError(f"xeon option {key}={raw!r} is not a valid flag (true/false)")
+    return raw in ("1", "true", "yes", "on")
+
+
+def _cache_tokens(config: EngineConfig, limits: Limits, bytes_per_token: int,
+                  free_memory: int) -> tuple[int, str]:
+    """How many tokens the cache should hold, and what decided it."""
+    if config.max_batch_total_tokens:
+        return config.max_batch_total_tokens, "--max-batch-total-tokens"
+    max_total = limits.max_total_tokens
+    tokens = limits.max_batch_size * max_total
+    source = f"max_batch_size {limits.max_batch_size} x max_total_tokens {max_total}"
+    budget = int(free_memory * CACHE_MEMORY_FRACTION) // bytes_per_token if bytes_per_token else 0
+    if free_memory and budget < tokens:
+        tokens = budget
+        source = f"{CACHE_MEMORY_FRACTION:.0%} of {free_memory / 2**20:.0f} MiB free memory"
+    if tokens < max_total:
+        return max_total, "one sequence of max_total_tokens (memory is short)"
+    return tokens, source
+
+
 def resolve_limits(
     config: EngineConfig, info: ModelInfo, bytes_per_token: int, free_memory: int
-) -> tuple[Limits, int]:
-    """Fill the limits left at 0 in ``config`` for this model and machine.
+) -> tuple[Limits, CachePlan]:
+    """Fill the limits left at 0 in ``config`` for this model and machine, and size the cache.
 
-    Returns the limits and the cache budget in tokens.
+    The cache holds ``--max-batch-total-tokens`` tokens (rounded up to whole
+    blocks) when that is set; otherwise enough for ``max_batch_size``
+    sequences of ``max_total_tokens``, capped at ``CACHE_MEMORY_FRACTION`` of
+    the free memory, and never less than one full-length sequence. Options
+    (``EngineConfig.options``): ``block_size`` (16), ``max_waiting_tokens``
+    (20), ``waiting_served_ratio`` (0.3) and ``prefix_caching`` (true).
     """
-    max_total = config.max_total_tokens or info.max_position_embeddings or DEFAULT_MAX_TOTAL_TOKENS
-    batch = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-    prefill = config.max_batch_prefill_tokens or max(DEFAULT_MAX_BATCH_PREFILL_TOKENS, 1)
-    budget = config.max_batch_total_tokens
-    if not budget:
-        # Enough for every slot to reach max_total, unless memory says otherwise;
-        # never less than one full-length sequence.
-        budget = batch * max_total
-        if free_memory and bytes_per_token:
-            budget = min(budget, int(free_memory * CACHE_MEMORY_FRACTION) // bytes_per_token)
-        budget = max(budget, max_total)
-    return Limits(batch, prefill, max_total), budget
+    options = config.options
+    limits = Limits(
+        max_batch_size=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+        max_batch_prefill_tokens=(config.max_batch_prefill_tokens
+                                  or DEFAULT_MAX_BATCH_PREFILL_TOKENS),
+        max_total_tokens=(config.max_total_tokens or info.max_position_embeddings
+                          or DEFAULT_MAX_TOTAL_TOKENS),
+        max_waiting_tokens=int(_number(options, "max_waiting_tokens", int,
+                                       DEFAULT_MAX_WAITING_TOKENS, 0)),
+        waiting_served_ratio=_number(options, "waiting_served_ratio", float,
+                                     DEFAULT_WAITING_SERVED_RATIO, 0),
+    )
+    block_size = int(_number(options, "block_size", int, BLOCK_SIZE, 1))
+    tokens, source = _cache_tokens(config, limits, bytes_per_token, free_memory)
+    plan = CachePlan(blocks_for(tokens, block_size), block_size, source,
+                     _flag(options, "prefix_caching", True))
+    if plan.capacity_tokens < limits.max_total_tokens:
+        if config.max_total_tokens:
+            raise EngineStartError(
+                f"max_batch_total_tokens ({config.max_batch_total_tokens}) must be at least "
+                f"max_total_tokens ({config.max_total_tokens})")
+        limits = replace(limits, max_total_tokens=plan.capacity_tokens)
+    return limits, plan
 
 
 class Admission:

@@ -5,8 +5,9 @@ new tokens back to back. Transformers computes projections and rotary
 embeddings for all T tokens at once, then calls :func:`packed_attention` once
 per layer with the metadata of the step (passed through the forward kwargs as
 ``switchyard_step``). For each sequence it stores the new keys/values in the
-engine's :class:`KVCache` and attends over that sequence's whole context, so
-sequences never see each other and no padding is needed.
+engine's :class:`PagedKVCache` (at slots the runner worked out from the block
+tables) and attends over that sequence's whole context, gathered from its
+blocks, so sequences never see each other and no padding is needed.
 
 The name is registered with ``AttentionInterface`` only: because it is absent
 from ``AttentionMaskInterface``, transformers skips building masks entirely.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from switchyard_xeon.kv_cache import KVCache
+from switchyard_xeon.kv_cache import BlockIndex, PagedKVCache
 
 ATTN_NAME = "switchyard_xeon"
 STEP_KWARG = "switchyard_step"
@@ -27,15 +28,17 @@ STEP_KWARG = "switchyard_step"
 
 @dataclass
 class StepMetadata:
-    """Where each sequence's tokens sit in the packed row and in its cache.
+    """Where each sequence's tokens sit in the packed row and in the paged cache.
 
-    Sequence ``i`` owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``
-    and cache positions ``starts[i] .. starts[i] + query_lens[i]``.
+    Sequence ``i`` owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``;
+    after this step its first ``context_lens[i]`` tokens are in the cache, in
+    the blocks ``blocks[i]``. ``slots[t]`` is the cache slot of packed token ``t``.
     """
 
-    cache: KVCache
-    seq_ids: list[int]
-    starts: list[int]
+    cache: PagedKVCache
+    slots: torch.Tensor
+    blocks: list[BlockIndex]
+    context_lens: list[int]
     query_lens: list[int]
     offsets: list[int] = field(init=False)
 
@@ -87,11 +90,11 @@ def packed_attention(
     cache = step.cache
     q, k, v = query[0], key[0], value[0]
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
-    for seq_id, start, n, off in zip(
-        step.seq_ids, step.starts, step.query_lens, step.offsets, strict=True
+    cache.write(layer, step.slots, k, v)  # the whole step's new keys/values in one copy
+    for blocks, length, n, off in zip(
+        step.blocks, step.context_lens, step.query_lens, step.offsets, strict=True
     ):
-        cache.write(layer, seq_id, start, k[:, off : off + n], v[:, off : off + n])
-        keys, values = cache.read(layer, seq_id, start + n)
+        keys, values = cache.read(layer, blocks, length)
         result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window)
         out[off : off + n] = result.transpose(0, 1)
     return out.unsqueeze(0), None

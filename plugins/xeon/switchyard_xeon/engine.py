@@ -2,24 +2,31 @@
 
 The gateway's calls (``submit``, ``abort``) only put commands on a queue; one
 daemon thread owns the model, the cache and the scheduler and runs the loop:
-take commands, admit and abort at the step boundary, run one forward over the
-packed batch, emit one event per sequence, drop the finished ones.
+take commands, admit and abort at the step boundary, let the scheduler choose
+the step's work (decodes, prefill chunks, newcomers; preempting when the paged
+cache runs out), run one forward over the packed batch, emit one event per
+sequence that produced a token, drop the finished ones.
 
-Health: ``healthy()`` is cheap (the loop thread is alive and no liveness probe
-has failed). After a forward step fails, the engine checks itself with a real
-1-token generation that goes through the loop ahead of the queue;
-``probe_liveness()`` runs that check and waits for it (see its docstring).
+Pieces, each in its own module: ``admission`` (limits, cache size, requests
+into sequences), ``scheduler`` and ``block_manager`` (pure: who runs, which
+cache blocks they hold), ``kv_cache`` and ``attention`` (paged storage and the
+attention over it), ``runner`` (one forward pass and sampling), ``events`` and
+``stats`` (what goes back to the gateway).
+
+Health (:mod:`switchyard_xeon.health`): ``healthy()`` is cheap (the loop
+thread is alive and no liveness probe has failed). After a forward step fails,
+the engine checks itself with a real 1-token generation that goes through the
+loop ahead of the queue; ``probe_liveness()`` runs that check and waits for it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
@@ -34,43 +41,62 @@ from switchyard_spec import (
     FinishReason,
     ModelInfo,
     SamplingParams,
+    StepObserver,
+    StepReport,
     StoppingParams,
     TokenEvent,
-    TopToken,
     WarmupReport,
 )
 
 from switchyard_xeon import attention, machine
 from switchyard_xeon.admission import Admission, resolve_limits
-from switchyard_xeon.kv_cache import BLOCK_SIZE, KVCache, cache_shape
+from switchyard_xeon.block_manager import BlockManager
+from switchyard_xeon.events import deliver, emit, record_results
+from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
+from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.runner import ModelRunner, check_supported
-from switchyard_xeon.scheduler import Scheduler, Sequence
+from switchyard_xeon.scheduler import Scheduler
+from switchyard_xeon.sequence import Sequence
+from switchyard_xeon.stats import CacheStats, cache_stats, engine_stats
 
 logger = logging.getLogger("switchyard.xeon")
 
 _IDLE_WAIT_S = 0.5
 """How long an idle loop sleeps before re-checking for shutdown."""
-PROBE_TIMEOUT_S = 30.0
-"""How long a probe started by :meth:`XeonEngine.healthy` may run before it counts as failed."""
-_PROBE_PREFIX = "__probe__"
 
 
-@dataclass(eq=False)
-class _Probe:
-    """One liveness probe in flight: a 1-token generation and its outcome."""
+class _QueueClock:
+    """A submitted sequence's sink that puts its queue time on its first event.
 
-    request_id: str
-    deadline: float
-    """``time.monotonic()`` after which an unfinished probe counts as failed."""
-    done: threading.Event = field(default_factory=threading.Event)
-    ok: bool = False
+    Queue time (the contract's ``TokenEvent.queue_seconds``, TGI's) runs from
+    ``submit`` until the first forward step the sequence is in; the loop sets
+    ``started`` when that step begins.
+    """
+
+    __slots__ = ("sink", "submitted", "started", "first")
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.submitted = time.perf_counter()
+        self.started: float | None = None
+        self.first = True
+
+    def __call__(self, event: TokenEvent) -> None:
+        if self.first:
+            self.first = False
+            started = self.started if self.started is not None else time.perf_counter()
+            event = msgspec.structs.replace(event, queue_seconds=started - self.submitted)
+        self.sink(event)
 
 
 class XeonEngine(Engine):
     """A continuous-batching engine for one model on the CPU.
 
-    ``config`` comes from the gateway; ``config.options`` may set
-    ``num_threads`` (default: the physical cores available to the process).
+    ``config`` comes from the gateway. ``config.options`` may set
+    ``num_threads`` (default: the physical cores available to the process),
+    and the cache and scheduling options read by
+    :func:`~switchyard_xeon.admission.resolve_limits`: ``block_size``,
+    ``prefix_caching``, ``max_waiting_tokens`` and ``waiting_served_ratio``.
     Nothing heavy happens until :meth:`start`.
 
     Beyond the :class:`Engine` interface it offers :meth:`probe_liveness`, a
@@ -92,15 +118,9 @@ class XeonEngine(Engine):
         self._steps = 0
         self._threads = 1
         self._stats = EngineStats(running=0, waiting=0)
-        # Health state, shared by the loop and the health callers. Re-entrant,
-        # because a refused probe submit calls the probe's sink on the caller's thread.
-        self._health_lock = threading.RLock()
-        self._step_failed = False
-        """A forward step failed and none has succeeded since."""
-        self._probe_failed = False
-        """The last liveness probe failed or overran its deadline."""
-        self._probe: _Probe | None = None
-        self._probe_ids = itertools.count()
+        self._cache_stats = CacheStats()
+        self._liveness = Liveness(self._loop_alive, self._submit_probe)
+        self._observer: StepObserver | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
@@ -131,19 +151,26 @@ class XeonEngine(Engine):
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
         shape = cache_shape(loaded.model.config)
-        limits, total_tokens = resolve_limits(
+        limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()
         )
-        cache = KVCache(shape, dtype, num_blocks=total_tokens // BLOCK_SIZE)
+        cache = PagedKVCache(shape, dtype, plan.num_blocks, plan.block_size)
+        blocks = BlockManager(plan.num_blocks, plan.block_size, plan.prefix_caching)
         logger.info(
-            "limits: batch %d, prefill %d tokens, sequence %d tokens, cache %d tokens (%.1f MiB max)",
+            "kv cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s); prefix caching %s",
+            plan.num_blocks, plan.block_size, plan.capacity_tokens, cache.nbytes / 2**20,
+            plan.source, "on" if plan.prefix_caching else "off",
+        )
+        logger.info(
+            "limits: batch %d, prefill %d tokens per step, sequence %d tokens, "
+            "waiting_served_ratio %g, max_waiting_tokens %d",
             limits.max_batch_size, limits.max_batch_prefill_tokens, limits.max_total_tokens,
-            cache.capacity_tokens, cache.capacity_tokens * cache.bytes_per_token() / 2**20,
+            limits.waiting_served_ratio, limits.max_waiting_tokens,
         )
         self.info = loaded.info
-        self._runner = ModelRunner(loaded.model, cache)
-        self._scheduler = Scheduler(limits, cache)
-        self._admission = Admission(limits, loaded.info.vocab_size, cache.capacity_tokens,
+        self._runner = ModelRunner(loaded.model, cache, blocks)
+        self._scheduler = Scheduler(limits, blocks)
+        self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)
         self._threads = threads
         self._thread = threading.Thread(target=self._loop, name="switchyard-xeon", daemon=True)
@@ -177,8 +204,9 @@ class XeonEngine(Engine):
             raise EngineStartError(f"xeon warmup failed: {error}")
         seconds = time.perf_counter() - begin
         logger.info("warmup done in %.2fs", seconds)
+        blocks = self._scheduler.blocks
         return WarmupReport(seconds=seconds,
-                            max_batch_total_tokens=self._scheduler.cache.capacity_tokens,
+                            max_batch_total_tokens=blocks.num_blocks * blocks.block_size,
                             max_batch_size=self._scheduler.limits.max_batch_size)
 
     def shutdown(self) -> None:
@@ -201,13 +229,7 @@ class XeonEngine(Engine):
         shows in the answers of later calls. A probe that has not finished by
         its deadline counts as failed.
         """
-        if not self._loop_alive():
-            return False
-        with self._health_lock:
-            self._note_overdue_probe()
-            if self._step_failed and self._probe is None:
-                self._start_probe(PROBE_TIMEOUT_S)
-            return not self._probe_failed
+        return self._liveness.healthy()
 
     def probe_liveness(self, timeout: float = PROBE_TIMEOUT_S, force: bool = False) -> bool:
         """Whether the engine can still generate; blocks up to ``timeout`` seconds.
@@ -220,66 +242,31 @@ class XeonEngine(Engine):
         worker thread (``await asyncio.to_thread(engine.probe_liveness, 5.0)``).
         Concurrent callers share one probe.
         """
-        if not self._loop_alive():
-            return False
-        with self._health_lock:
-            self._note_overdue_probe()
-            if not (force or self._step_failed or self._probe_failed):
-                return True
-            probe = self._probe if self._probe is not None else self._start_probe(timeout)
-        probe.done.wait(timeout)
-        with self._health_lock:
-            # Decided under the lock: the probe may finish between the wait and here.
-            if probe.done.is_set():
-                return probe.ok
-            self._probe_failed = True  # still unfinished: too slow counts as failed
-            return False
+        return self._liveness.probe(timeout, force)
 
     def _loop_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _note_overdue_probe(self) -> None:
-        """Count a probe past its deadline as failed (the loop is stuck or starved)."""
-        probe = self._probe
-        if probe is not None and not probe.done.is_set() and time.monotonic() > probe.deadline:
-            self._probe_failed = True
-
-    def _start_probe(self, timeout: float) -> _Probe:
-        """Submit a 1-token greedy generation that jumps the queue; caller holds the lock."""
+    def _submit_probe(self, request_id: str, sink: EventSink) -> None:
+        """Queue a 1-token greedy generation that jumps the queue."""
         assert self.info is not None
-        probe = _Probe(request_id=f"{_PROBE_PREFIX}{next(self._probe_ids)}",
-                       deadline=time.monotonic() + timeout)
-        self._probe = probe
-
-        def sink(event: TokenEvent) -> None:
-            if event.finish_reason is None and event.error is None:
-                return
-            ok = event.error is None and event.finish_reason in (
-                FinishReason.LENGTH, FinishReason.EOS_TOKEN)
-            with self._health_lock:
-                probe.ok = ok
-                self._probe_failed = not ok
-                if self._probe is probe:
-                    self._probe = None
-                probe.done.set()
-            if not ok:
-                logger.warning("liveness probe failed: %s", event.error or event.finish_reason)
-
         request = EngineRequest(
-            request_id=probe.request_id,
+            request_id=request_id,
             prompt_token_ids=(self.info.eos_token_ids[0] if self.info.eos_token_ids else 0,),
             sampling=SamplingParams(),
             stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),
             logprobs=False,
         )
-        logger.info("liveness probe %s started", probe.request_id)
         self._enqueue("probe", request, sink)
-        return probe
 
     # ------------------------------------------------------ gateway calls
     def submit(self, request: EngineRequest, sink: EventSink) -> None:
         """Queue a request for the loop; never blocks."""
-        self._enqueue("submit", request, sink)
+        self._enqueue("submit", request, _QueueClock(sink))
+
+    def set_step_observer(self, observer: StepObserver | None) -> None:
+        """Report every forward step (method, sizes, time, queue, cache) to ``observer``."""
+        self._observer = observer
 
     def _enqueue(self, kind: str, request: EngineRequest, sink: EventSink) -> None:
         """Hand a request to the loop, or end it at once when the engine is shut down."""
@@ -287,7 +274,7 @@ class XeonEngine(Engine):
             if not self._closed:
                 self._inbox.put((kind, request, sink))
                 return
-        _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
+        deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                   error="engine is shut down"))
 
     def abort(self, request_id: str) -> None:
@@ -295,8 +282,12 @@ class XeonEngine(Engine):
         self._inbox.put(("abort", request_id, None))
 
     def stats(self) -> EngineStats:
-        """The snapshot the loop left after its last step."""
+        """The snapshot the loop left after its last step (see :func:`stats.engine_stats`)."""
         return self._stats
+
+    def cache_stats(self) -> CacheStats:
+        """KV-cache usage, prefix-cache hits and preemptions after the last step (non-blocking)."""
+        return self._cache_stats
 
     # --------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -304,10 +295,12 @@ class XeonEngine(Engine):
         sched = self._scheduler
         # Intra-op thread settings are per thread for OpenMP: apply them where compute runs.
         torch.set_num_threads(self._threads)
+        batch: list[Sequence] = []
         try:
             with torch.inference_mode():
                 while not self._stop.is_set():
-                    self._take_commands(block=len(sched) == 0)
+                    # Wait for commands only when the last step found nothing to do.
+                    self._take_commands(block=not batch)
                     if self._stop.is_set():
                         break
                     batch = sched.schedule()
@@ -340,12 +333,12 @@ class XeonEngine(Engine):
     def _admit(self, request: EngineRequest, sink: EventSink, front: bool = False) -> None:
         assert self._scheduler is not None and self._admission is not None
         if self._scheduler.find(request.request_id) is not None:
-            _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
+            deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                       error="request_id is already live"))
             return
         seq, error = self._admission.build(request, sink)
         if seq is None:
-            _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
+            deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                       prompt_tokens=len(request.prompt_token_ids), error=error))
             return
         self._scheduler.add(seq, front=front)
@@ -355,65 +348,54 @@ class XeonEngine(Engine):
         seq = self._scheduler.find(request_id)
         if seq is not None:
             self._scheduler.finish(seq)
-            self._emit(seq, -1, finish=FinishReason.ABORTED)
+            emit(seq, -1, finish=FinishReason.ABORTED)
 
     def _run_step(self, batch: list[Sequence]) -> None:
         assert self._scheduler is not None and self._runner is not None
+        begin = time.perf_counter()
+        for seq in batch:  # a sequence's first step ends its queue time
+            if type(seq.sink) is _QueueClock and seq.sink.started is None:
+                seq.sink.started = begin
+        # Counted before the step moves the sequences on: decodes feed their newest token.
+        decodes = sum(1 for s in batch if s.generated and s.remaining == 1)
+        fed = sum(s.num_scheduled for s in batch)
         try:
             results = self._runner.step(batch)
         except Exception as exc:  # one bad step must not take the engine down
             logger.exception("forward step over %d sequences failed", len(batch))
-            with self._health_lock:
-                self._step_failed = True
+            self._report_step(batch, fed - decodes, decodes, time.perf_counter() - begin, False)
+            self._liveness.step_failed()
             for seq in batch:
                 self._scheduler.finish(seq)
-                self._emit(seq, -1, error=f"forward step failed: {type(exc).__name__}: {exc}")
+                emit(seq, -1, error=f"forward step failed: {type(exc).__name__}: {exc}")
             return
+        seconds = time.perf_counter() - begin
         self._steps += 1
-        if self._step_failed or self._probe_failed:
-            with self._health_lock:  # a step went through: the model runs again
-                self._step_failed = self._probe_failed = False
-        for seq, res in zip(batch, results, strict=True):
-            seq.tokens.append(res.token_id)
-            seq.sampler.record(res.token_id)
-            finish = self._finish_reason(seq, res.token_id)
-            if finish is not None:
-                self._scheduler.finish(seq)
-            prompt_logprobs: tuple[float, ...] = ()
-            if seq.generated == 1 and seq.request.prompt_logprobs:
-                prompt_logprobs = tuple(seq.prompt_logprobs)
-                seq.prompt_logprobs = []  # delivered: do not hold them for the sequence's life
-            self._emit(seq, res.token_id, res.logprob, res.top_tokens, finish=finish,
-                       prompt_logprobs=prompt_logprobs)
+        self._liveness.step_succeeded()
+        record_results(self._scheduler, batch, results)
+        self._report_step(batch, fed - decodes, decodes, seconds, True)
 
-    @staticmethod
-    def _finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
-        stopping = seq.request.stopping
-        if not seq.ignore_eos and token_id in stopping.eos_token_ids:
-            return FinishReason.EOS_TOKEN
-        if seq.generated >= stopping.max_new_tokens or len(seq.tokens) >= seq.max_length:
-            return FinishReason.LENGTH
-        return None
-
-    def _emit(self, seq: Sequence, token_id: int, logprob: float = 0.0,
-              top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None,
-              error: str | None = None, prompt_logprobs: tuple[float, ...] = ()) -> None:
-        event = TokenEvent(
-            request_id=seq.request_id, token_id=token_id, logprob=logprob,
-            top_tokens=top_tokens, finish_reason=finish, error=error,
-            seed=seq.sampler.seed, prompt_tokens=seq.prompt_len,
-            prompt_logprobs=prompt_logprobs,
-        )
-        _deliver(seq.sink, event)
+    def _report_step(self, batch: list[Sequence], prefill: int, decodes: int, seconds: float,
+                     ok: bool) -> None:
+        """Hand the step's ``StepReport`` to the observer, if one is installed."""
+        observer, sched = self._observer, self._scheduler
+        if observer is None or sched is None:
+            return
+        method = "decode" if not prefill else "prefill" if not decodes else "mixed"
+        blocks = sched.blocks
+        try:
+            observer(StepReport(
+                method=method, batch_size=len(batch), prefill_tokens=prefill,
+                decode_tokens=decodes, seconds=seconds, ok=ok, queue_size=len(sched.waiting),
+                kv_tokens_used=blocks.num_used_blocks * blocks.block_size,
+                kv_tokens_total=blocks.num_blocks * blocks.block_size))
+        except Exception:  # the contract says observers do not raise; the loop must not die
+            logger.exception("step observer raised")
 
     def _publish_stats(self) -> None:
         assert self._scheduler is not None
-        sched = self._scheduler
-        self._stats = EngineStats(
-            running=len(sched.running), waiting=len(sched.waiting),
-            batch_tokens=sum(s.num_cached for s in sched.running),
-            max_batch_total_tokens=sched.cache.capacity_tokens, steps=self._steps,
-        )
+        self._stats = engine_stats(self._scheduler, self._steps)
+        self._cache_stats = cache_stats(self._scheduler)
 
     def _close(self) -> None:
         """Refuse new work and end every live or queued sequence with ``ABORTED``."""
@@ -422,19 +404,12 @@ class XeonEngine(Engine):
         sched = self._scheduler
         for seq in [*sched.running, *sched.waiting] if sched is not None else []:
             sched.finish(seq)  # type: ignore[union-attr]
-            self._emit(seq, -1, finish=FinishReason.ABORTED)
+            emit(seq, -1, finish=FinishReason.ABORTED)
         while not self._inbox.empty():
             kind, request, sink = self._inbox.get_nowait()
             if kind in ("submit", "probe"):
-                _deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,  # type: ignore
+                deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,  # type: ignore
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:
             self._publish_stats()
 
-
-def _deliver(sink: EventSink, event: TokenEvent) -> None:
-    """Call a sink; a failing sink is logged, never allowed to stop the loop."""
-    try:
-        sink(event)
-    except Exception:
-        logger.exception("event sink for %s raised", event.request_id)

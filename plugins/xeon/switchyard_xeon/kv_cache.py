@@ -1,22 +1,35 @@
-"""Engine-owned key/value cache: token accounting in blocks, storage per sequence.
+"""Paged key/value storage: one pool of fixed-size blocks per layer, shared by all sequences.
 
-Accounting is block-based already (``block_size`` tokens per block, a fixed
-pool of blocks for the whole engine), so the scheduler's admission rules will
-not change when storage becomes paged. Storage today is one tensor per
-sequence, sized to the sequence's reservation when it is admitted;
-``torch.empty`` leaves the pages untouched, so the memory the OS commits grows
-only as tokens are written. Paging will replace ``_Slot`` and the two
-accessors ``write`` / ``read`` without touching the callers' view of it.
+Per layer, keys and values are each a tensor of shape
+``[kv_heads, num_blocks, block_size, head_dim]``. Which blocks belong to which
+sequence is the :class:`~switchyard_xeon.block_manager.BlockManager`'s
+business; this module only moves numbers in and out of slots:
+
+- ``write`` stores a step's new keys/values at their *slots* (a slot is
+  ``block * block_size + offset``, see ``BlockManager.slots``), for the whole
+  packed batch in one copy;
+- ``read`` gathers a sequence's blocks into ``[kv_heads, length, head_dim]``,
+  the layout attention wants. Head-major blocks make that gather a single
+  ``index_select`` with no transpose; a sequence whose blocks happen to be
+  consecutive gets a view instead of a copy.
+
+The pool is allocated once with ``torch.empty``: the operating system commits
+pages only when tokens are first written, and the block manager reuses the
+most recently freed blocks first, so resident memory tracks real use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-
 BLOCK_SIZE = 16
+"""Default tokens per block."""
+
+BlockIndex = torch.Tensor | slice
+"""Where a sequence's blocks are in the pool: a tensor of block ids, or a slice when consecutive."""
 
 
 @dataclass(frozen=True)
@@ -42,22 +55,8 @@ def cache_shape(config: object) -> CacheShape:
     return CacheShape(int(text.num_hidden_layers), kv_heads, int(head_dim))
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    """How many blocks hold ``tokens`` tokens."""
-    return -(-tokens // block_size)
-
-
-@dataclass
-class _Slot:
-    """One sequence's storage: [layers, 2 (k, v), kv_heads, capacity, head_dim]."""
-
-    kv: torch.Tensor
-    blocks: int
-    length: int = 0
-
-
-class KVCache:
-    """K/V storage for every layer of every running sequence, within a block budget."""
+class PagedKVCache:
+    """Block-pool storage of keys and values for every layer."""
 
     def __init__(
         self,
@@ -70,71 +69,52 @@ class KVCache:
         self.shape = shape
         self.dtype = dtype
         self.device = torch.device(device)
-        self.block_size = block_size
         self.num_blocks = num_blocks
-        self._free_blocks = num_blocks
-        self._slots: dict[int, _Slot] = {}
+        self.block_size = block_size
+        size = (shape.num_kv_heads, num_blocks, block_size, shape.head_dim)
+        self.keys = [torch.empty(size, dtype=dtype, device=self.device)
+                     for _ in range(shape.num_layers)]
+        self.values = [torch.empty(size, dtype=dtype, device=self.device)
+                       for _ in range(shape.num_layers)]
 
     @property
     def capacity_tokens(self) -> int:
-        """Tokens the whole budget can hold."""
+        """Tokens the whole pool can hold."""
         return self.num_blocks * self.block_size
-
-    @property
-    def free_blocks(self) -> int:
-        """Blocks not reserved by any sequence."""
-        return self._free_blocks
-
-    @property
-    def used_tokens(self) -> int:
-        """Tokens actually written by live sequences."""
-        return sum(slot.length for slot in self._slots.values())
 
     def bytes_per_token(self) -> int:
         """Cache bytes one token costs across all layers."""
         return self.shape.bytes_per_token(self.dtype)
 
-    def can_reserve(self, tokens: int) -> bool:
-        """Whether ``tokens`` more tokens fit in the free blocks."""
-        return blocks_for(tokens, self.block_size) <= self._free_blocks
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole pool in bytes."""
+        return self.capacity_tokens * self.bytes_per_token()
 
-    def reserve(self, seq_id: int, tokens: int) -> None:
-        """Set aside room for ``tokens`` tokens of sequence ``seq_id``."""
-        if seq_id in self._slots:
-            raise KeyError(f"sequence {seq_id} already holds cache")
-        blocks = blocks_for(tokens, self.block_size)
-        if blocks > self._free_blocks:
-            raise MemoryError(f"{tokens} tokens do not fit in {self._free_blocks} free blocks")
-        geo = self.shape
-        size = (geo.num_layers, 2, geo.num_kv_heads, blocks * self.block_size, geo.head_dim)
-        kv = torch.empty(size, dtype=self.dtype, device=self.device)
-        self._slots[seq_id] = _Slot(kv=kv, blocks=blocks)
-        self._free_blocks -= blocks
+    # ------------------------------------------------- per-step indexing
+    def block_index(self, table: Sequence[int]) -> BlockIndex:
+        """How :meth:`read` finds the blocks of ``table``: a slice when they are consecutive."""
+        first, count = table[0], len(table)
+        if table[-1] - first == count - 1 and list(table) == list(range(first, first + count)):
+            return slice(first, first + count)
+        return torch.tensor(table, dtype=torch.long, device=self.device)
 
-    def release(self, seq_id: int) -> None:
-        """Free the storage and blocks of ``seq_id``; unknown ids are ignored."""
-        slot = self._slots.pop(seq_id, None)
-        if slot is not None:
-            self._free_blocks += slot.blocks
+    # ---------------------------------------------------------- access
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values ``[kv_heads, n, head_dim]`` at the ``n`` slots given."""
+        heads, _, _, dim = self.keys[layer].shape
+        flat = (heads, self.num_blocks * self.block_size, dim)
+        self.keys[layer].view(flat).index_copy_(1, slots, k)
+        self.values[layer].view(flat).index_copy_(1, slots, v)
 
-    def length(self, seq_id: int) -> int:
-        """Tokens whose K/V are stored for ``seq_id``."""
-        return self._slots[seq_id].length
+    def read(self, layer: int, blocks: BlockIndex,
+             length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of a sequence's first ``length`` tokens, [kv_heads, length, head_dim]."""
+        return (self._gather(self.keys[layer], blocks, length),
+                self._gather(self.values[layer], blocks, length))
 
-    def commit(self, seq_id: int, length: int) -> None:
-        """Record that positions ``[0, length)`` of ``seq_id`` are now valid in every layer."""
-        self._slots[seq_id].length = length
-
-    def write(self, layer: int, seq_id: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new keys/values ([kv_heads, n, head_dim]) at positions ``start..start+n``."""
-        kv = self._slots[seq_id].kv
-        end = start + k.shape[1]
-        if end > kv.shape[3]:
-            raise IndexError(f"sequence {seq_id} grew past its reservation ({end} > {kv.shape[3]})")
-        kv[layer, 0, :, start:end] = k
-        kv[layer, 1, :, start:end] = v
-
-    def read(self, layer: int, seq_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions ``[0, length)`` as [kv_heads, length, head_dim] views."""
-        kv = self._slots[seq_id].kv
-        return kv[layer, 0, :, :length], kv[layer, 1, :, :length]
+    @staticmethod
+    def _gather(pool: torch.Tensor, blocks: BlockIndex, length: int) -> torch.Tensor:
+        picked = pool[:, blocks] if isinstance(blocks, slice) else pool.index_select(1, blocks)
+        heads, count, size, dim = picked.shape
+        return picked.reshape(heads, count * size, dim)[:, :length]

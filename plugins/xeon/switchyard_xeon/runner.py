@@ -1,4 +1,9 @@
-"""One forward step: pack the batch, run the model, sample the next tokens (and score prompts)."""
+"""One forward step: pack the batch, run the model, sample the next tokens (and score prompts).
+
+The runner reads what the scheduler decided (each sequence's ``num_cached``
+and ``num_scheduled``, and its block table) and changes nothing but the cache
+contents and ``Sequence.prompt_logprobs``.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError
 
 from switchyard_xeon.attention import STEP_KWARG, StepMetadata
-from switchyard_xeon.kv_cache import KVCache
-from switchyard_xeon.scheduler import Sequence
+from switchyard_xeon.block_manager import BlockManager, blocks_for
+from switchyard_xeon.kv_cache import BlockIndex, PagedKVCache
+from switchyard_xeon.sequence import Sequence
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -35,16 +41,18 @@ def check_supported(model: torch.nn.Module) -> None:
 class OutputPlan:
     """Which packed positions reach ``lm_head`` in a step, and what each kept row is for.
 
-    Normally only each sequence's last position is kept. A sequence whose
-    request asks for prompt log-probs keeps every position it feeds while its
-    prompt is being scored: the logits at prompt position ``p`` score prompt
-    token ``p + 1``. Only those requests pay for [prompt, vocab] logits.
+    Normally only the last position of each sequence that samples is kept (a
+    sequence in the middle of a chunked prefill keeps nothing). A sequence
+    whose request asks for prompt log-probs keeps every position it feeds
+    while its prompt is being scored: the logits at prompt position ``p``
+    score prompt token ``p + 1``. Only those requests pay for [prompt, vocab]
+    logits.
     """
 
     keep: list[int] = field(default_factory=list)
     """Packed positions whose logits are computed, ascending."""
     sample_rows: list[int] = field(default_factory=list)
-    """Per sequence: the kept row its next token is sampled from."""
+    """Per sequence that samples this step: the kept row its next token is drawn from."""
     prompt_rows: list[int] = field(default_factory=list)
     """Kept rows scored for prompt log-probs, in sequence order."""
     prompt_targets: list[int] = field(default_factory=list)
@@ -62,41 +70,45 @@ def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
     """The :class:`OutputPlan` of a step whose sequence ``i`` starts at packed ``offsets[i]``."""
     plan = OutputPlan()
     for seq, off in zip(seqs, offsets, strict=True):
-        n = len(seq.new_tokens)
-        base = len(plan.keep)
+        n = seq.num_scheduled
         scored = 0
         if seq.wants_prompt_logprobs:
             # Keep every fed position: position p scores prompt token p + 1, and
             # the last fed one is also the sampling row, so nothing is wasted.
+            base = len(plan.keep)
             plan.keep.extend(range(off, off + n))
             scored = min(n, seq.prompt_len - 1 - seq.num_cached)
             plan.prompt_rows.extend(range(base, base + scored))
             first_target = seq.num_cached + 1
             plan.prompt_targets.extend(seq.tokens[first_target : first_target + scored])
-        else:
+            if seq.samples:
+                plan.sample_rows.append(len(plan.keep) - 1)
+        elif seq.samples:
             plan.keep.append(off + n - 1)
-        plan.sample_rows.append(len(plan.keep) - 1)
+            plan.sample_rows.append(len(plan.keep) - 1)
         plan.prompt_counts.append(scored)
     return plan
 
 
 class ModelRunner:
-    """Runs a transformers causal LM over a packed batch against the engine's cache."""
+    """Runs a transformers causal LM over a packed batch against the paged cache."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, blocks: BlockManager) -> None:
         self.model = model
         self.cache = cache
+        self.blocks = blocks
         self.device = next(model.parameters()).device
 
-    def step(self, seqs: Seq[Sequence]) -> list[SampledToken]:
-        """Feed every sequence's new tokens and choose each one's next token.
+    def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
+        """Feed every sequence its ``num_scheduled`` tokens; choose the next token where due.
 
-        Sequences whose requests ask for prompt log-probs get them appended to
-        ``Sequence.prompt_logprobs``. On success the fed tokens count as
-        cached. On an exception nothing is committed; the caller fails these
-        sequences.
+        Returns, per sequence, the sampled token, or None for a sequence whose
+        chunk stops short of its last token (it is still prefilling). Prompt
+        log-probs are appended to ``Sequence.prompt_logprobs``. Nothing else
+        about the sequences changes: the caller commits the step
+        (``Scheduler.complete``) once it succeeded.
         """
-        offsets = list(itertools.accumulate((len(s.new_tokens) for s in seqs), initial=0))[:-1]
+        offsets = list(itertools.accumulate((s.num_scheduled for s in seqs), initial=0))[:-1]
         plan = plan_outputs(seqs, offsets)
         logits = self.forward(seqs, plan.keep)
         carry = None
@@ -106,16 +118,19 @@ class ModelRunner:
                 torch.tensor(plan.prompt_targets, device=logits.device),
                 rows=torch.tensor(plan.prompt_rows, device=logits.device),
             )
-            logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
-        result = sample_step(logits, [seq.sampler for seq in seqs], carry)
+            logits = logits[torch.tensor(plan.sample_rows, dtype=torch.long, device=logits.device)]
+        samplers = [seq.sampler for seq in seqs if seq.samples]
+        if samplers:
+            result = sample_step(logits, samplers, carry)
+            tokens, carried = iter(result.tokens), result.carried
+        else:
+            tokens, carried = iter(()), (carry.tolist() if carry is not None else [])
         taken = 0
         for seq, count in zip(seqs, plan.prompt_counts, strict=True):
             if count:
-                seq.prompt_logprobs.extend(result.carried[taken : taken + count])
+                seq.prompt_logprobs.extend(carried[taken : taken + count])
                 taken += count
-            seq.num_cached = len(seq.tokens)
-            self.cache.commit(seq.seq_id, seq.num_cached)
-        return result.tokens
+        return [next(tokens) if seq.samples else None for seq in seqs]
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
         """Logits at the packed positions ``keep`` ([len(keep), vocab]).
@@ -124,15 +139,21 @@ class ModelRunner:
         """
         ids: list[int] = []
         positions: list[int] = []
-        starts: list[int] = []
+        slots: list[int] = []
+        blocks: list[BlockIndex] = []
+        lengths: list[int] = []
         lens: list[int] = []
         for seq in seqs:
-            new = seq.new_tokens
-            ids.extend(new)
-            positions.extend(range(seq.num_cached, seq.num_cached + len(new)))
-            starts.append(seq.num_cached)
-            lens.append(len(new))
-        meta = StepMetadata(self.cache, [s.seq_id for s in seqs], starts, lens)
+            start, n = seq.num_cached, seq.num_scheduled
+            ids.extend(seq.new_tokens)
+            positions.extend(range(start, start + n))
+            slots.extend(self.blocks.slots(seq.seq_id, start, n))
+            table = self.blocks.table(seq.seq_id)[: blocks_for(start + n, self.blocks.block_size)]
+            blocks.append(self.cache.block_index(table))
+            lengths.append(start + n)
+            lens.append(n)
+        meta = StepMetadata(self.cache, torch.tensor(slots, device=self.device), blocks,
+                            lengths, lens)
         if keep is None:
             keep = [o + n - 1 for o, n in zip(meta.offsets, lens, strict=True)]
         out = self.model(
@@ -140,7 +161,7 @@ class ModelRunner:
             position_ids=torch.tensor([positions], device=self.device),
             use_cache=False,
             # Only the kept positions reach lm_head: no [T, vocab] logits for plain requests.
-            logits_to_keep=torch.tensor(keep, device=self.device),
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             **{STEP_KWARG: meta},
         )
         return out.logits[0]

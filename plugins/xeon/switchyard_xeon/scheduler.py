@@ -1,78 +1,49 @@
-"""Who runs in the next step: the waiting queue, the running batch and admission.
+"""Who runs in the next step, and how many tokens each feeds.
 
-Every step runs all running sequences (one new token each) plus the waiting
-sequences admitted at this boundary (their whole prompt). Admission is
-first-come first-served and stops at the first request that does not fit, so
-a large request is never starved by smaller ones behind it. A request fits when
+Every step is one forward pass over a *mixed* batch: each running sequence
+that is decoding feeds its newest token, sequences still prefilling feed a
+chunk of their prompt, and waiting sequences may join with a first chunk. The
+limits are TGI's:
 
-- the running batch has fewer than ``max_batch_size`` sequences,
-- the prompts admitted this step stay within ``max_batch_prefill_tokens``
-  (the first one is always let in, so an over-long prompt cannot block the
-  queue; chunked prefill will lift that), and
-- the cache can reserve the request's worst-case length (prompt plus
-  ``max_new_tokens``, capped at ``max_total_tokens``). Reserving the worst case
-  means a running sequence never runs out of cache and nothing is preempted.
+- ``max_batch_prefill_tokens``: tokens fed in one step, decodes included.
+  Decodes always run (one token each); prefill chunks share what is left, so
+  a long prompt is split into chunks and running decodes never wait for more
+  than one chunk. Tokens found in the prefix cache cost nothing.
+- ``max_batch_total_tokens``: the size of the block pool (the block manager's
+  business). Blocks are taken as sequences grow; when a running sequence needs
+  one and none is free, the newest running sequence is *preempted*: its
+  blocks are freed and it goes back to the front of the waiting queue, to be
+  re-prefilled (prompt plus generated tokens) later. The oldest sequence
+  always makes progress, so no request fails for lack of cache.
+- ``max_batch_size``: running sequences.
+- ``waiting_served_ratio`` and ``max_waiting_tokens``: while a batch runs,
+  new requests join only when at least ``floor(running * ratio)`` of them can
+  join together, or once the batch has run ``max_waiting_tokens`` steps since
+  requests last joined (preempted sequences resuming are not held back).
+
+Admission is first-come first-served and stops at the first request that does
+not fit, so a large request is never starved by smaller ones behind it. A new
+sequence is only admitted when its whole prompt fits in the free blocks with
+``reserve_blocks`` to spare for the running batch to grow into (it takes
+blocks only for its first chunk), which keeps admission from causing
+preemption at once.
+
+Pure Python: no torch, no model. See :meth:`Scheduler.schedule` and
+:meth:`Scheduler.complete` for the step contract.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from switchyard.engine.sampling import RowSampler
-from switchyard_spec import EngineRequest, EventSink
+from switchyard_xeon.block_manager import BlockManager, PrefixHit
+from switchyard_xeon.sequence import Sequence
 
-from switchyard_xeon.kv_cache import KVCache
-
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request's life in the engine: its tokens, limits and sampling state."""
-
-    request: EngineRequest
-    sink: EventSink
-    sampler: RowSampler
-    max_length: int
-    """Prompt plus the most tokens it may generate (the cache reservation)."""
-    ignore_eos: bool
-    seq_id: int = field(default_factory=lambda: next(_ids))
-    tokens: list[int] = field(default_factory=list)
-    num_cached: int = 0
-    """Tokens whose keys/values are in the cache."""
-    prompt_logprobs: list[float] = field(default_factory=list)
-    """Prompt log-probs computed so far (only when the request asks); sent on the first event."""
-
-    def __post_init__(self) -> None:
-        if not self.tokens:
-            self.tokens = list(self.request.prompt_token_ids)
-
-    @property
-    def request_id(self) -> str:
-        """The gateway's name for the sequence."""
-        return self.request.request_id
-
-    @property
-    def prompt_len(self) -> int:
-        """Tokens in the prompt."""
-        return len(self.request.prompt_token_ids)
-
-    @property
-    def generated(self) -> int:
-        """Tokens generated so far."""
-        return len(self.tokens) - self.prompt_len
-
-    @property
-    def wants_prompt_logprobs(self) -> bool:
-        """Whether prompt tokens still need their log-probabilities computed."""
-        return self.request.prompt_logprobs and self.num_cached < self.prompt_len - 1
-
-    @property
-    def new_tokens(self) -> list[int]:
-        """Tokens the next forward must feed (the prompt, then one at a time)."""
-        return self.tokens[self.num_cached :]
+DEFAULT_MAX_WAITING_TOKENS = 20
+DEFAULT_WAITING_SERVED_RATIO = 0.3
+"""TGI launcher defaults."""
 
 
 @dataclass(frozen=True)
@@ -82,16 +53,33 @@ class Limits:
     max_batch_size: int
     max_batch_prefill_tokens: int
     max_total_tokens: int
+    max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS
+    waiting_served_ratio: float = DEFAULT_WAITING_SERVED_RATIO
+
+
+@dataclass
+class SchedulerCounters:
+    """Running totals since start, for metrics."""
+
+    preemptions: int = 0
+    admitted_tokens: int = 0
+    """Tokens of sequences at admission (prompts, plus generated tokens on resumption)."""
+    prefix_hit_tokens: int = 0
+    """Of ``admitted_tokens``, those found in the prefix cache and not computed."""
 
 
 class Scheduler:
-    """FCFS admission from the waiting queue into the running batch."""
+    """Waiting queue, running batch, and the choice of each step's work."""
 
-    def __init__(self, limits: Limits, cache: KVCache) -> None:
+    def __init__(self, limits: Limits, blocks: BlockManager) -> None:
         self.limits = limits
-        self.cache = cache
+        self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        """Admission order: the newest, first to be preempted, is last."""
+        self.counters = SchedulerCounters()
+        self.reserve_blocks = max(1, blocks.num_blocks // 100)
+        self._steps_since_join = 0
         self._by_id: dict[str, Sequence] = {}
 
     def __len__(self) -> int:
@@ -110,34 +98,141 @@ class Scheduler:
             self.waiting.append(seq)
         self._by_id[seq.request_id] = seq
 
+    def find(self, request_id: str) -> Sequence | None:
+        """The live sequence named ``request_id``, if any."""
+        return self._by_id.get(request_id)
+
+    # ---------------------------------------------------------------- step
     def schedule(self) -> list[Sequence]:
-        """Admit what fits and return the sequences of the next step (running first)."""
-        prefill_tokens = 0
-        admitted = 0
-        while self.waiting and len(self.running) < self.limits.max_batch_size:
-            seq = self.waiting[0]
-            n = len(seq.new_tokens)
-            if admitted and prefill_tokens + n > self.limits.max_batch_prefill_tokens:
-                break
-            if not self.cache.can_reserve(seq.max_length):
-                break
-            self.waiting.popleft()
-            self.cache.reserve(seq.seq_id, seq.max_length)
-            self.running.append(seq)
-            prefill_tokens += n
-            admitted += 1
-        return list(self.running)
+        """The sequences of the next step, each with ``num_scheduled`` set (may be empty).
+
+        Running sequences come first, oldest first, then newly admitted ones.
+        Blocks for every scheduled token are allocated before this returns.
+        """
+        budget = self.limits.max_batch_prefill_tokens - sum(
+            1 for s in self.running if s.remaining == 1)
+        batch: list[Sequence] = []
+        preempted = False
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted to make room for an older one
+                continue
+            decode = seq.remaining == 1
+            want = 1 if decode else min(seq.remaining, budget)
+            if want <= 0:
+                continue
+            n, gave_up = self._make_room(seq, want, partial=not decode)
+            preempted |= gave_up
+            if seq not in self.running or n == 0:
+                continue
+            seq.num_scheduled = n
+            budget -= 0 if decode else n
+            batch.append(seq)
+        if not preempted:
+            batch += self._admit(max(budget, 0))
+        if self.running:
+            self._steps_since_join += 1
+        return batch
+
+    def complete(self, batch: list[Sequence]) -> None:
+        """Record that a step over ``batch`` succeeded: the fed tokens are now cached.
+
+        Call before appending the sampled tokens. Newly full blocks become
+        shareable through the prefix cache.
+        """
+        for seq in batch:
+            seq.num_cached += seq.num_scheduled
+            seq.num_scheduled = 0
+            self.blocks.commit(seq.seq_id, seq.tokens, seq.num_cached)
 
     def finish(self, seq: Sequence) -> None:
-        """Drop a sequence from wherever it is and free its cache."""
+        """Drop a sequence from wherever it is and free its blocks."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if self._by_id.get(seq.request_id) is seq:
             del self._by_id[seq.request_id]
-        self.cache.release(seq.seq_id)
+        self.blocks.free(seq.seq_id)
 
-    def find(self, request_id: str) -> Sequence | None:
-        """The live sequence named ``request_id``, if any."""
-        return self._by_id.get(request_id)
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and queue it first, to be recomputed later."""
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.num_cached = seq.num_scheduled = 0
+        if seq.generated == 0:
+            seq.prompt_logprobs.clear()  # scored again from the start
+        seq.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ------------------------------------------------------------- helpers
+    def _make_room(self, seq: Sequence, want: int, partial: bool) -> tuple[int, bool]:
+        """Grow ``seq`` by up to ``want`` tokens, preempting newer sequences if need be.
+
+        A prefill chunk (``partial``) shrinks to what fits rather than preempt,
+        and waits a step rather than preempt itself. Returns the tokens granted
+        (0 when none) and whether anything was preempted.
+        """
+        preempted = False
+        while True:
+            room = self.blocks.room(seq.seq_id) - seq.num_cached
+            n = min(want, room) if partial else want
+            if n > 0 and self.blocks.grow(seq.seq_id, seq.num_cached + n):
+                return n, preempted
+            victim = self.running[-1]
+            if victim is seq and partial:
+                return 0, preempted
+            self.preempt(victim)
+            preempted = True
+            if victim is seq:
+                return 0, preempted
+
+    def _admit(self, budget: int) -> list[Sequence]:
+        """Move waiting sequences into the running batch, FCFS, within the budgets."""
+        if not self.waiting:
+            return []
+        room_left = self.limits.max_batch_size - len(self.running)
+        min_joining = self._min_joining(len(self.running), room_left)
+        admitted: list[tuple[Sequence, PrefixHit]] = []
+        while self.waiting and budget > 0 and len(admitted) < room_left:
+            seq = self.waiting[0]
+            # Prompt log-probs need every prompt position computed: no cache hits.
+            hit = (PrefixHit(block_size=self.blocks.block_size) if seq.wants_prompt_logprobs
+                   else self.blocks.lookup(seq.tokens))
+            # Its whole prompt must fit now, although only the first chunk's blocks are taken.
+            reserve = self.reserve_blocks * self.blocks.block_size if self.running else 0
+            if self.blocks.room(seq.seq_id, hit) - reserve < len(seq.tokens):
+                break
+            n = min(len(seq.tokens) - hit.tokens, budget)
+            if not self.blocks.allocate(seq.seq_id, hit, hit.tokens + n):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.num_cached, seq.num_scheduled = hit.tokens, n
+            admitted.append((seq, hit))
+            budget -= n
+        if len(admitted) < min_joining:
+            for seq, _ in reversed(admitted):  # not worth pausing for: put them back
+                self.running.remove(seq)
+                self.blocks.free(seq.seq_id)
+                seq.num_cached = seq.num_scheduled = 0
+                self.waiting.appendleft(seq)
+            return []
+        for seq, hit in admitted:
+            self.counters.admitted_tokens += len(seq.tokens)
+            self.counters.prefix_hit_tokens += hit.tokens
+        if admitted:
+            self._steps_since_join = 0
+        return [seq for seq, _ in admitted]
+
+    def _min_joining(self, running: int, room_left: int) -> int:
+        """How many newcomers must join together (TGI's ``min_size``), at most a full batch.
+
+        None are required when nothing runs, when the batch has waited
+        ``max_waiting_tokens`` steps, or when the first in line is a
+        preempted sequence resuming.
+        """
+        if (not running or self._steps_since_join >= self.limits.max_waiting_tokens
+                or self.waiting[0].preemptions):
+            return 0
+        return min(math.floor(running * self.limits.waiting_served_ratio), room_left)

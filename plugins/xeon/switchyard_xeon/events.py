@@ -1,0 +1,72 @@
+"""From a step's results to the gateway's events: append tokens, decide who stops, emit.
+
+Every submitted sequence ends with exactly one event that has ``finish_reason``
+or ``error`` set; sinks are called from the loop thread and a failing sink is
+logged, never allowed to stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+
+from switchyard.engine.sampling import SampledToken
+from switchyard_spec import EventSink, FinishReason, TokenEvent, TopToken
+
+from switchyard_xeon.scheduler import Scheduler
+from switchyard_xeon.sequence import Sequence
+
+logger = logging.getLogger("switchyard.xeon")
+
+
+def record_results(sched: Scheduler, batch: Seq[Sequence],
+                   results: Seq[SampledToken | None]) -> None:
+    """After a successful step: commit it, append each new token, finish and emit.
+
+    A ``None`` result is a prefill chunk short of its prompt's end: no token yet.
+    """
+    sched.complete(list(batch))
+    for seq, res in zip(batch, results, strict=True):
+        if res is None:
+            continue
+        seq.tokens.append(res.token_id)
+        seq.sampler.record(res.token_id)
+        finish = finish_reason(seq, res.token_id)
+        if finish is not None:
+            sched.finish(seq)
+        prompt_logprobs: tuple[float, ...] = ()
+        if seq.generated == 1 and seq.request.prompt_logprobs:
+            prompt_logprobs = tuple(seq.prompt_logprobs)
+            seq.prompt_logprobs = []  # delivered: do not hold them for the sequence's life
+        emit(seq, res.token_id, res.logprob, res.top_tokens, finish=finish,
+             prompt_logprobs=prompt_logprobs)
+
+
+def finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
+    """Why ``seq`` stops after generating ``token_id``, or None if it goes on."""
+    stopping = seq.request.stopping
+    if not seq.ignore_eos and token_id in stopping.eos_token_ids:
+        return FinishReason.EOS_TOKEN
+    if seq.generated >= stopping.max_new_tokens or len(seq.tokens) >= seq.max_length:
+        return FinishReason.LENGTH
+    return None
+
+
+def emit(seq: Sequence, token_id: int, logprob: float = 0.0,
+         top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None,
+         error: str | None = None, prompt_logprobs: tuple[float, ...] = ()) -> None:
+    """Send one event of ``seq`` to its sink."""
+    deliver(seq.sink, TokenEvent(
+        request_id=seq.request_id, token_id=token_id, logprob=logprob,
+        top_tokens=top_tokens, finish_reason=finish, error=error,
+        seed=seq.sampler.seed, prompt_tokens=seq.prompt_len,
+        prompt_logprobs=prompt_logprobs,
+    ))
+
+
+def deliver(sink: EventSink, event: TokenEvent) -> None:
+    """Call a sink; a failing sink is logged, never allowed to stop the loop."""
+    try:
+        sink(event)
+    except Exception:
+        logger.exception("event sink for %s raised", event.request_id)

@@ -1,0 +1,63 @@
+"""How the engine sizes its cache and reads its options (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
+from switchyard_xeon.admission import CACHE_MEMORY_FRACTION, resolve_limits
+
+INFO = ModelInfo(model_type="llama", dtype="float32", vocab_size=100,
+                 max_position_embeddings=4096, eos_token_ids=(2,), device="cpu")
+MiB = 2**20
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // 16)
+
+
+def _resolve(free_memory: int = 0, bytes_per_token: int = 1024, **config: object):
+    return resolve_limits(EngineConfig(model_path="x", **config),  # type: ignore[arg-type]
+                          INFO, bytes_per_token, free_memory)
+
+
+def test_an_explicit_budget_is_the_cache_size_rounded_up_to_blocks():
+    limits, plan = _resolve(max_batch_total_tokens=1000, max_total_tokens=512)
+    assert (plan.num_blocks, plan.block_size, plan.capacity_tokens) == (63, 16, 1008)
+    assert "--max-batch-total-tokens" in plan.source and plan.prefix_caching
+    assert limits.max_total_tokens == 512
+
+
+def test_without_a_budget_memory_decides():
+    _, roomy = _resolve(free_memory=64 * 1024 * MiB, max_batch_size=4)
+    assert roomy.capacity_tokens == 4 * 4096 and "max_batch_size" in roomy.source
+    _, tight = _resolve(free_memory=10 * MiB, max_batch_size=4)
+    assert tight.capacity_tokens == _blocks(int(10 * MiB * CACHE_MEMORY_FRACTION) // 1024) * 16
+    assert "free memory" in tight.source
+    _, short = _resolve(free_memory=1 * MiB)
+    assert short.capacity_tokens == 4096 and "short" in short.source
+
+
+def test_a_budget_below_the_sequence_length():
+    with pytest.raises(EngineStartError, match="at least max_total_tokens"):
+        _resolve(max_batch_total_tokens=100, max_total_tokens=512)
+    limits, plan = _resolve(max_batch_total_tokens=100)  # the model's 4096 is only a default
+    assert limits.max_total_tokens == plan.capacity_tokens == 112
+
+
+def test_options():
+    limits, plan = _resolve(options={"block_size": "8", "max_waiting_tokens": "3",
+                                     "waiting_served_ratio": "1.2", "prefix_caching": "off"})
+    assert (limits.max_waiting_tokens, limits.waiting_served_ratio) == (3, 1.2)
+    assert plan.block_size == 8 and not plan.prefix_caching
+    defaults, _ = _resolve()
+    assert (defaults.max_waiting_tokens, defaults.waiting_served_ratio) == (20, 0.3)
+    assert defaults.max_batch_prefill_tokens == 4096 and defaults.max_batch_size == 64
+
+
+@pytest.mark.parametrize("options", [{"block_size": "0"}, {"block_size": "big"},
+                                     {"waiting_served_ratio": "-1"},
+                                     {"prefix_caching": "maybe"}])
+def test_bad_options_fail_start_up(options):
+    with pytest.raises(EngineStartError, match="xeon option"):
+        _resolve(options=options)
