@@ -3,6 +3,8 @@ stays token for token that of transformers, sampled output that of an undisturbe
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -17,6 +19,14 @@ class _Steps(list):
     """Per step, {request id: tokens fed}; and the ids of sequences that were preempted."""
 
     preempted: set[str]
+
+
+def _idle_stats(engine):
+    """The cache stats once the loop has published its state after the last step."""
+    deadline = time.monotonic() + 10
+    while engine.cache_stats().used_blocks and time.monotonic() < deadline:
+        time.sleep(0.01)  # the final event goes out just before the snapshot is taken
+    return engine.cache_stats()
 
 
 def _record_steps(engine) -> _Steps:
@@ -79,7 +89,7 @@ def test_shared_prefix_is_computed_once(make_engine, hf_greedy):
     assert next(fed["second"] for fed in steps if "second" in fed) == 7  # only the suffix
     engine.submit(greedy_request("again", first, 8), sink)  # all of it cached but a block
     assert token_ids(sink.wait("again")) == hf_greedy(first, 8)
-    stats = engine.cache_stats()
+    stats = _idle_stats(engine)
     assert stats.prefix_hit_tokens == 40 + 44 and 0 < stats.prefix_hit_rate < 1
     assert stats.used_blocks == 0 and stats.cached_blocks > 0
 
@@ -96,7 +106,7 @@ def test_preemption_keeps_greedy_parity(make_engine, hf_greedy):
         events = sink.wait(rid)
         assert not any(e.error for e in events)
         assert token_ids(events) == hf_greedy(prompt, 30), rid
-    stats = engine.cache_stats()
+    stats = _idle_stats(engine)
     assert stats.preemptions > 0 and {"p1", "p2"} <= steps.preempted
     assert stats.used_blocks == 0 and engine.stats().batch_tokens == 0
     assert engine.stats().max_batch_total_tokens == 48

@@ -113,16 +113,19 @@ class Scheduler:
             1 for s in self.running if s.remaining == 1)
         batch: list[Sequence] = []
         preempted = False
-        for seq in list(self.running):
-            if seq not in self.running:  # preempted to make room for an older one
-                continue
+        i = 0
+        # Oldest first. Preemption only removes the newest, from the end of the list, so
+        # the index stays right; a sequence that preempts itself ends the loop.
+        while i < len(self.running):
+            seq = self.running[i]
+            i += 1
             decode = seq.remaining == 1
             want = 1 if decode else min(seq.remaining, budget)
             if want <= 0:
                 continue
             n, gave_up = self._make_room(seq, want, partial=not decode)
             preempted |= gave_up
-            if seq not in self.running or n == 0:
+            if n == 0:
                 continue
             seq.num_scheduled = n
             budget -= 0 if decode else n
