@@ -13,7 +13,7 @@ from switchyard_xeon import machine, plugin
 from switchyard_xeon.attention import _attend
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.block_manager import BlockManager
-from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
+from switchyard_xeon.kv_cache import CacheShape, PagedKVCache, context
 
 
 def test_entry_point_is_registered():
@@ -62,18 +62,15 @@ def test_paged_cache_writes_slots_and_gathers_blocks():
     assert cache.nbytes == 24 * cache.bytes_per_token()
     blocks = BlockManager(6, 4)
     assert blocks.grow(7, 3) and blocks.grow(8, 4) and blocks.grow(7, 6)
-    table = blocks.table(7)
-    assert table == [0, 2]  # interleaved with sequence 8's block 1
+    assert blocks.table(7) == [0, 2]  # interleaved with sequence 8's block 1
     k, v = torch.randn(2, 6, 4), torch.randn(2, 6, 4)
     cache.write(1, torch.tensor(blocks.slots(7, 0, 6)), k, v)
-    index = cache.block_index(table)
-    assert isinstance(index, torch.Tensor)  # not consecutive: gathered
-    keys, values = cache.read(1, index, 6)
-    assert torch.equal(keys, k) and torch.equal(values, v)
-    assert cache.block_index([3, 4, 5]) == slice(3, 6)  # consecutive: a view
-    cache.write(0, torch.tensor(blocks.slots(8, 0, 4)), k[:, :4], v[:, :4])
-    view, _ = cache.read(0, cache.block_index(blocks.table(8)), 3)
-    assert torch.equal(view, k[:, :3]) and view.data_ptr() == cache.keys[0][:, 1].data_ptr()
+    cache.write(1, torch.tensor(blocks.slots(8, 0, 4)), k[:, :4] * 2, v[:, :4] * 2)
+    both = torch.tensor(blocks.table(8) + blocks.table(7))
+    keys, values = cache.gather(1, both)
+    assert keys.shape == (2, 3, 4, 4)
+    assert torch.equal(context(keys, 1, 2, 6), k) and torch.equal(context(values, 1, 2, 6), v)
+    assert torch.equal(context(keys, 0, 1, 3), 2 * k[:, :3])
 
 
 def test_attend_masks_match_full_causal_attention():

@@ -7,7 +7,8 @@ per layer with the metadata of the step (passed through the forward kwargs as
 ``switchyard_step``). For each sequence it stores the new keys/values in the
 engine's :class:`PagedKVCache` (at slots the runner worked out from the block
 tables) and attends over that sequence's whole context, gathered from its
-blocks, so sequences never see each other and no padding is needed.
+blocks (or, for a fresh prompt, straight from the new keys), so sequences
+never see each other and no padding is needed.
 
 The name is registered with ``AttentionInterface`` only: because it is absent
 from ``AttentionMaskInterface``, transformers skips building masks entirely.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from switchyard_xeon.kv_cache import BlockIndex, PagedKVCache
+from switchyard_xeon.kv_cache import PagedKVCache, context
 
 ATTN_NAME = "switchyard_xeon"
 STEP_KWARG = "switchyard_step"
@@ -31,13 +32,17 @@ class StepMetadata:
     """Where each sequence's tokens sit in the packed row and in the paged cache.
 
     Sequence ``i`` owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``;
-    after this step its first ``context_lens[i]`` tokens are in the cache, in
-    the blocks ``blocks[i]``. ``slots[t]`` is the cache slot of packed token ``t``.
+    after this step its first ``context_lens[i]`` tokens are in the cache.
+    ``slots[t]`` is the cache slot of packed token ``t``. A sequence with
+    context cached before this step reads it from ``blocks`` (every such
+    sequence's blocks, back to back): ``spans[i]`` is (first, count) there; a
+    sequence with none (``spans[i]`` None) attends over its new tokens alone.
     """
 
     cache: PagedKVCache
     slots: torch.Tensor
-    blocks: list[BlockIndex]
+    blocks: torch.Tensor
+    spans: list[tuple[int, int] | None]
     context_lens: list[int]
     query_lens: list[int]
     offsets: list[int] = field(init=False)
@@ -91,10 +96,16 @@ def packed_attention(
     q, k, v = query[0], key[0], value[0]
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
     cache.write(layer, step.slots, k, v)  # the whole step's new keys/values in one copy
-    for blocks, length, n, off in zip(
-        step.blocks, step.context_lens, step.query_lens, step.offsets, strict=True
+    if len(step.blocks):
+        cached_k, cached_v = cache.gather(layer, step.blocks)
+    for span, length, n, off in zip(
+        step.spans, step.context_lens, step.query_lens, step.offsets, strict=True
     ):
-        keys, values = cache.read(layer, blocks, length)
+        if span is None:  # nothing cached before: its own new keys are its whole context
+            keys, values = k[:, off : off + n], v[:, off : off + n]
+        else:
+            keys = context(cached_k, span[0], span[1], length)
+            values = context(cached_v, span[0], span[1], length)
         result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window)
         out[off : off + n] = result.transpose(0, 1)
     return out.unsqueeze(0), None

@@ -8,10 +8,10 @@ business; this module only moves numbers in and out of slots:
 - ``write`` stores a step's new keys/values at their *slots* (a slot is
   ``block * block_size + offset``, see ``BlockManager.slots``), for the whole
   packed batch in one copy;
-- ``read`` gathers a sequence's blocks into ``[kv_heads, length, head_dim]``,
-  the layout attention wants. Head-major blocks make that gather a single
-  ``index_select`` with no transpose; a sequence whose blocks happen to be
-  consecutive gets a view instead of a copy.
+- ``gather`` copies the blocks of every sequence that has cached context
+  into one tensor per layer, and :func:`context` views one sequence's part as
+  ``[kv_heads, length, head_dim]``, the layout attention wants. Head-major
+  blocks make that a single ``index_select`` with no transpose.
 
 The pool is allocated once with ``torch.empty``: the operating system commits
 pages only when tokens are first written, and the block manager reuses the
@@ -20,17 +20,12 @@ most recently freed blocks first, so resident memory tracks real use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 BLOCK_SIZE = 16
 """Default tokens per block."""
-
-BlockIndex = torch.Tensor | slice
-"""Where a sequence's blocks are in the pool: a tensor of block ids, or a slice when consecutive."""
-
 
 @dataclass(frozen=True)
 class CacheShape:
@@ -91,14 +86,6 @@ class PagedKVCache:
         """Size of the whole pool in bytes."""
         return self.capacity_tokens * self.bytes_per_token()
 
-    # ------------------------------------------------- per-step indexing
-    def block_index(self, table: Sequence[int]) -> BlockIndex:
-        """How :meth:`read` finds the blocks of ``table``: a slice when they are consecutive."""
-        first, count = table[0], len(table)
-        if table[-1] - first == count - 1 and list(table) == list(range(first, first + count)):
-            return slice(first, first + count)
-        return torch.tensor(table, dtype=torch.long, device=self.device)
-
     # ---------------------------------------------------------- access
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys/values ``[kv_heads, n, head_dim]`` at the ``n`` slots given."""
@@ -107,14 +94,16 @@ class PagedKVCache:
         self.keys[layer].view(flat).index_copy_(1, slots, k)
         self.values[layer].view(flat).index_copy_(1, slots, v)
 
-    def read(self, layer: int, blocks: BlockIndex,
-             length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of a sequence's first ``length`` tokens, [kv_heads, length, head_dim]."""
-        return (self._gather(self.keys[layer], blocks, length),
-                self._gather(self.values[layer], blocks, length))
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``blocks``, each ``[kv_heads, len(blocks), block_size, head_dim]``.
 
-    @staticmethod
-    def _gather(pool: torch.Tensor, blocks: BlockIndex, length: int) -> torch.Tensor:
-        picked = pool[:, blocks] if isinstance(blocks, slice) else pool.index_select(1, blocks)
-        heads, count, size, dim = picked.shape
-        return picked.reshape(heads, count * size, dim)[:, :length]
+        One copy per layer for the whole step: every sequence's blocks, back to back.
+        """
+        return self.keys[layer].index_select(1, blocks), self.values[layer].index_select(1, blocks)
+
+
+def context(gathered: torch.Tensor, first: int, count: int, length: int) -> torch.Tensor:
+    """One sequence's first ``length`` tokens, ``[kv_heads, length, head_dim]``, as a view of
+    the ``count`` gathered blocks that start at ``first``."""
+    heads, _, size, dim = gathered.shape
+    return gathered[:, first : first + count].reshape(heads, count * size, dim)[:, :length]

@@ -20,7 +20,7 @@ from switchyard_spec import EngineStartError
 
 from switchyard_xeon.attention import STEP_KWARG, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
-from switchyard_xeon.kv_cache import BlockIndex, PagedKVCache
+from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
 
 
@@ -140,20 +140,27 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        blocks: list[BlockIndex] = []
-        lengths: list[int] = []
+        blocks: list[int] = []
+        spans: list[tuple[int, int] | None] = []
         lens: list[int] = []
         for seq in seqs:
             start, n = seq.num_cached, seq.num_scheduled
             ids.extend(seq.new_tokens)
             positions.extend(range(start, start + n))
             slots.extend(self.blocks.slots(seq.seq_id, start, n))
-            table = self.blocks.table(seq.seq_id)[: blocks_for(start + n, self.blocks.block_size)]
-            blocks.append(self.cache.block_index(table))
-            lengths.append(start + n)
+            if start:  # context from earlier steps (or the prefix cache): read from blocks
+                count = blocks_for(start + n, self.blocks.block_size)
+                table = self.blocks.table(seq.seq_id)[:count]
+                spans.append((len(blocks), count))
+                blocks.extend(table)
+            else:
+                spans.append(None)
             lens.append(n)
-        meta = StepMetadata(self.cache, torch.tensor(slots, device=self.device), blocks,
-                            lengths, lens)
+        meta = StepMetadata(
+            self.cache, torch.tensor(slots, device=self.device),
+            torch.tensor(blocks, dtype=torch.long, device=self.device), spans,
+            [seq.num_cached + seq.num_scheduled for seq in seqs], lens,
+        )
         if keep is None:
             keep = [o + n - 1 for o, n in zip(meta.offsets, lens, strict=True)]
         out = self.model(
