@@ -15,6 +15,16 @@ from switchyard import __version__
 from switchyard.settings import ServeSettings
 
 
+def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    pairs = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 @click.group()
 @click.version_option(__version__, prog_name="switchyard")
 def main() -> None:
@@ -50,6 +60,14 @@ def main() -> None:
 @click.option("--max-batch-size", envvar="MAX_BATCH_SIZE", type=int, default=0)
 @click.option("--max-batch-prefill-tokens", envvar="MAX_BATCH_PREFILL_TOKENS", type=int, default=0)
 @click.option("--max-batch-total-tokens", envvar="MAX_BATCH_TOTAL_TOKENS", type=int, default=0)
+@click.option("--max-waiting-tokens", envvar="MAX_WAITING_TOKENS", type=int, default=20,
+              show_default=True)
+@click.option("--waiting-served-ratio", envvar="WAITING_SERVED_RATIO", type=float, default=0.3,
+              show_default=True)
+@click.option("--engine-option", "engine_options", multiple=True, callback=_key_values,
+              metavar="KEY=VALUE",
+              help="Engine-specific setting, repeatable (xeon: num_threads, block_size, "
+                   "prefix_caching).")
 @click.option("--payload-limit", envvar="PAYLOAD_LIMIT", type=int, default=2_000_000,
               show_default=True)
 @click.option("--api-key", envvar="API_KEY", default=None,

@@ -34,6 +34,12 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     max_batch_size: int = 0
     max_batch_prefill_tokens: int = 0
     max_batch_total_tokens: int = 0
+    max_waiting_tokens: int = 20
+    """Decode steps before waiting requests are forced into the running batch (TGI)."""
+    waiting_served_ratio: float = 0.3
+    """Waiting/running ratio below which newcomers wait for company (TGI)."""
+    engine_options: dict[str, str] = {}
+    """Engine-specific settings (`--engine-option KEY=VALUE`), passed through as given."""
     payload_limit: int = 2_000_000
     """Largest request body in bytes; larger ones get a 413."""
     api_key: str | None = None

@@ -73,6 +73,11 @@ def load_model(
             max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
             max_batch_total_tokens=settings.max_batch_total_tokens,
             quantize=settings.quantize,
+            options={
+                "max_waiting_tokens": str(settings.max_waiting_tokens),
+                "waiting_served_ratio": str(settings.waiting_served_ratio),
+                **settings.engine_options,
+            },
         )
     )
     log.info("model %s: loading weights with engine %s", model_id, spec.name)
