@@ -128,7 +128,8 @@ class Metrics:
                                          (*LABELS, "method"), registry=registry)
         self.inference_failure = Counter("tgi_batch_inference_failure", "Failed forward steps",
                                          (*LABELS, "method"), registry=registry)
-        self._lengths: _LengthHistograms | None = None
+        self.lengths: _LengthHistograms | None = None
+        self._bound: dict[tuple[str, str], _RequestSeries] = {}
         registry.register(_EngineGauges(models))
 
     def exposition(self) -> bytes:
@@ -137,8 +138,9 @@ class Metrics:
 
     def add_model(self, max_input_tokens: int, max_total_tokens: int) -> None:
         """Size the token-count histograms for a model's limits (the first model's win)."""
-        if self._lengths is None:
-            self._lengths = _LengthHistograms(self.registry, max_input_tokens, max_total_tokens)
+        if self.lengths is None:
+            self.lengths = _LengthHistograms(self.registry, max_input_tokens, max_total_tokens)
+            self._bound.clear()  # bound before the histograms existed
 
     def step_observer(self, model: str, engine: str) -> StepObserver:
         """An observer of `engine`'s steps for `model` (installed before warmup)."""
@@ -162,27 +164,52 @@ class Metrics:
 
         return observe
 
+    def _series(self, model: str, engine: str) -> _RequestSeries:
+        # Children bound once per (model, engine): `labels()` costs a lock and a lookup.
+        series = self._bound.get((model, engine))
+        if series is None:
+            series = self._bound[(model, engine)] = _RequestSeries(self, (model, engine))
+        return series
+
     def record_request(self, record: RequestRecord, timings: Timings | None) -> None:
         """Count a finished request and, when it succeeded, its durations and tokens."""
-        labels = (record.model, record.engine)
-        self.request_count.labels(*labels).inc()
-        if record.sequences and self._lengths is not None:
-            self._lengths.input_length.labels(*labels).observe(record.input_tokens)
-            self._lengths.max_new_tokens.labels(*labels).observe(record.max_new_tokens)
+        series = self._series(record.model, record.engine)
+        series.count.inc()
+        lengths = series.lengths
+        if record.sequences and lengths is not None:
+            lengths[0].observe(record.input_tokens)
+            lengths[1].observe(record.max_new_tokens)
         failure = record.failure
         if failure is not None:
-            self.request_failure.labels(*labels, failure).inc()
+            self.request_failure.labels(record.model, record.engine, failure).inc()
             return
-        self.request_success.labels(*labels).inc()
+        series.success.inc()
         if timings is None:
             return
-        self.request_duration.labels(*labels).observe(timings.total)
-        self.validation_duration.labels(*labels).observe(timings.validation)
-        self.queue_duration.labels(*labels).observe(timings.queue)
-        self.inference_duration.labels(*labels).observe(timings.inference)
-        self.time_per_token.labels(*labels).observe(timings.time_per_token)
-        if self._lengths is not None:
-            self._lengths.generated_tokens.labels(*labels).observe(record.generated_tokens)
+        series.duration.observe(timings.total)
+        series.validation.observe(timings.validation)
+        series.queue.observe(timings.queue)
+        series.inference.observe(timings.inference)
+        series.time_per_token.observe(timings.time_per_token)
+        if lengths is not None:
+            lengths[2].observe(record.generated_tokens)
+
+
+class _RequestSeries:
+    """The request metrics' children for one (model, engine)."""
+
+    def __init__(self, metrics: Metrics, labels: tuple[str, str]) -> None:
+        self.count = metrics.request_count.labels(*labels)
+        self.success = metrics.request_success.labels(*labels)
+        self.duration = metrics.request_duration.labels(*labels)
+        self.validation = metrics.validation_duration.labels(*labels)
+        self.queue = metrics.queue_duration.labels(*labels)
+        self.inference = metrics.inference_duration.labels(*labels)
+        self.time_per_token = metrics.time_per_token.labels(*labels)
+        lengths = metrics.lengths
+        self.lengths = None if lengths is None else (
+            lengths.input_length.labels(*labels), lengths.max_new_tokens.labels(*labels),
+            lengths.generated_tokens.labels(*labels))
 
 
 class _EngineGauges(Collector):

@@ -107,6 +107,9 @@ class Tracing:
             f"{record.method} {record.route}", context=parent, kind=SpanKind.SERVER,
             start_time=record.arrival_ns, attributes=_request_attributes(record))
         record.trace_id = format(root.get_span_context().trace_id, "032x")
+        if not root.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): nothing to build
+            root.end(end_time=ns(record.end))
+            return
         failure = record.failure
         if failure is not None:
             root.set_attribute("error.type", failure)
