@@ -268,11 +268,6 @@ def test_bucket_bounds_are_tgis(scrape):
 
 
 def test_batch_metrics_come_from_engine_steps(scrape, sent):
-    from switchyard_spec import Engine
-    from switchyard_xeon.engine import XeonEngine
-
-    if XeonEngine.set_step_observer is Engine.set_step_observer:
-        pytest.skip("this Xeon engine does not report its steps (StepReport) yet")
     prefill = scrape.value("tgi_batch_inference_count", method="prefill", **LABELS)
     decode = scrape.value("tgi_batch_inference_count", method="decode", **LABELS)
     assert prefill >= 1 and decode >= 1
