@@ -22,6 +22,7 @@ loop ahead of the queue; ``probe_liveness()`` runs that check and waits for it.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -53,6 +54,7 @@ from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.events import deliver, emit, record_results
 from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
+from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
@@ -93,7 +95,8 @@ class XeonEngine(Engine):
     """A continuous-batching engine for one model on the CPU.
 
     ``config`` comes from the gateway. ``config.options`` may set
-    ``num_threads`` (default: the physical cores available to the process),
+    ``num_threads`` (default: the physical cores of the first NUMA node the
+    process may use; see :func:`~switchyard_xeon.machine.choose_cpus`),
     and the cache and scheduling options read by
     :func:`~switchyard_xeon.admission.resolve_limits`: ``block_size``,
     ``prefix_caching``, ``max_waiting_tokens`` and ``waiting_served_ratio``.
@@ -117,6 +120,11 @@ class XeonEngine(Engine):
         self._admission: Admission | None = None
         self._steps = 0
         self._threads = 1
+        self._bind_cpus: frozenset[int] | None = None
+        self.acceleration: Acceleration | None = None
+        """What :func:`~switchyard_xeon.ipex_support.detect_acceleration` found at start."""
+        self.placement: machine.CpuPlacement | None = None
+        """The CPUs (NUMA node) chosen at start; see :func:`machine.choose_cpus`."""
         self._stats = EngineStats(running=0, waiting=0)
         self._cache_stats = CacheStats()
         self._liveness = Liveness(self._loop_alive, self._submit_probe)
@@ -130,12 +138,20 @@ class XeonEngine(Engine):
                 f"xeon engine: quantization {self.config.quantize!r} is not supported yet"
             )
         cpu = machine.read_cpu_info()
+        placement = machine.choose_cpus()
         try:
-            threads = int(self.config.options.get("num_threads", 0) or cpu.physical_cores)
+            threads = int(self.config.options.get("num_threads", 0) or placement.physical_cores)
         except ValueError:
             raise EngineStartError("xeon option num_threads must be an integer") from None
+        # Pin only on multi-node machines, and only when the threads fit the node's cores:
+        # more threads pinned to one node would share its cores while other nodes sit idle.
+        bind = placement.should_bind and threads <= placement.physical_cores
+        self._bind_cpus = placement.cpus if bind else None
+        self.placement, self.acceleration = placement, detect_acceleration()
         torch.set_num_threads(threads)
-        logger.info("%s: torch uses %d threads", cpu.describe(), threads)
+        logger.info("xeon: %s: %d torch thread%s on %s%s; kernels: %s", cpu.describe(), threads,
+                    "" if threads == 1 else "s", placement.describe(),
+                    ", compute thread bound to them" if bind else "", self.acceleration.describe())
 
         try:
             watermark = WatermarkConfig.from_env()
@@ -293,6 +309,13 @@ class XeonEngine(Engine):
     def _loop(self) -> None:
         assert self._scheduler is not None and self._runner is not None
         sched = self._scheduler
+        if self._bind_cpus is not None:
+            # Before the first parallel region: OpenMP workers inherit this thread's mask.
+            try:
+                os.sched_setaffinity(0, self._bind_cpus)
+            except OSError as exc:  # e.g. the cgroup's cpuset changed since start(): run unbound
+                logger.warning("could not bind the compute thread to CPUs %s: %s",
+                               machine.format_cpulist(self._bind_cpus), exc)
         # Intra-op thread settings are per thread for OpenMP: apply them where compute runs.
         torch.set_num_threads(self._threads)
         batch: list[Sequence] = []
