@@ -16,11 +16,12 @@ from ``AttentionMaskInterface``, transformers skips building masks entirely.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from switchyard_xeon.kernels import PagedDecodeFn
 from switchyard_xeon.kv_cache import PagedKVCache, context
 
 ATTN_NAME = "switchyard_xeon"
@@ -28,10 +29,28 @@ STEP_KWARG = "switchyard_step"
 
 
 @dataclass
+class DecodeRows:
+    """The step's decode rows, handed to the paged decode kernel together.
+
+    ``rows`` are their packed positions (None when every position of the step
+    is one: a pure decode step needs no index), ``tables`` their block tables
+    padded to the longest (int32 [B, n]) and ``lens`` their context lengths
+    after this step (int32 [B]).
+    """
+
+    kernel: PagedDecodeFn
+    rows: torch.Tensor | None
+    tables: torch.Tensor
+    lens: torch.Tensor
+
+
+@dataclass
 class StepMetadata:
     """Where each sequence's tokens sit in the packed row and in the paged cache.
 
-    Sequence ``i`` owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``;
+    Sequences in ``decode`` (a :class:`DecodeRows`) are attended by the paged
+    decode kernel in one call; the lists describe the others. Sequence ``i``
+    of those owns packed positions ``offsets[i] .. offsets[i] + query_lens[i]``;
     after this step its first ``context_lens[i]`` tokens are in the cache.
     ``slots[t]`` is the cache slot of packed token ``t``. A sequence with
     context cached before this step reads it from ``blocks`` (every such
@@ -45,19 +64,8 @@ class StepMetadata:
     spans: list[tuple[int, int] | None]
     context_lens: list[int]
     query_lens: list[int]
-    offsets: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.offsets = []
-        total = 0
-        for n in self.query_lens:
-            self.offsets.append(total)
-            total += n
-
-    @property
-    def num_tokens(self) -> int:
-        """T: length of the packed row."""
-        return sum(self.query_lens)
+    offsets: list[int]
+    decode: DecodeRows | None = None
 
 
 def register() -> str:
@@ -94,8 +102,21 @@ def packed_attention(
     layer = int(module.layer_idx)
     cache = step.cache
     q, k, v = query[0], key[0], value[0]
-    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
     cache.write(layer, step.slots, k, v)  # the whole step's new keys/values in one copy
+    dec = step.decode
+    if dec is not None:
+        window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        if dec.rows is None:  # every token decodes: the kernel's output is the whole answer
+            o = dec.kernel(query[0].transpose(0, 1).contiguous(), cache.keys[layer],
+                           cache.values[layer], dec.tables, dec.lens, scale, window)
+            return o.unsqueeze(0), None
+        qd = q.index_select(1, dec.rows).transpose(0, 1).contiguous()
+        o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
+                       scale, window)
+    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
+    if dec is not None:
+        out.index_copy_(0, dec.rows, o)
     if len(step.blocks):
         cached_k, cached_v = cache.gather(layer, step.blocks)
     for span, length, n, off in zip(

@@ -55,7 +55,9 @@ from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.events import deliver, emit, record_results
 from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
+from switchyard_xeon.kernels import PagedDecodeFn, load_paged_attention
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
+from switchyard_xeon.linears import PackReport, pack_linears
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
 from switchyard_xeon.sequence import Sequence
@@ -166,6 +168,7 @@ class XeonEngine(Engine):
         )
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
+        kernel = self._fast_path(loaded.model)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()
@@ -184,7 +187,7 @@ class XeonEngine(Engine):
             limits.waiting_served_ratio, limits.max_waiting_tokens,
         )
         self.info = loaded.info
-        self._runner = ModelRunner(loaded.model, cache, blocks)
+        self._runner = ModelRunner(loaded.model, cache, blocks, kernel)
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)
@@ -192,6 +195,30 @@ class XeonEngine(Engine):
         self._thread = threading.Thread(target=self._loop, name="switchyard-xeon", daemon=True)
         self._thread.start()
         return loaded.info
+
+    def _fast_path(self, model: torch.nn.Module) -> PagedDecodeFn | None:
+        """Pack the linears and load the paged decode kernel, as the options allow; log both.
+
+        Options: ``linears`` (``packed``, the default, or ``stock``) and
+        ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
+        never). Returns the kernel, or None for the portable path.
+        """
+        options = self.config.options
+        linears = str(options.get("linears", "packed")).lower()
+        if linears not in ("packed", "stock"):
+            raise EngineStartError(f"xeon option linears must be packed or stock, not {linears!r}")
+        mode = str(options.get("attention", "auto")).lower()
+        if mode not in ("auto", "sdpa"):
+            raise EngineStartError(f"xeon option attention must be auto or sdpa, not {mode!r}")
+        report = pack_linears(model) if linears == "packed" else PackReport(reason="linears=stock")
+        logger.info("linears: %s", report.describe())
+        if mode == "sdpa":
+            logger.info("decode attention: SDPA per sequence (attention=sdpa)")
+            return None
+        status = load_paged_attention()
+        logger.info("decode attention: %s", status.reason if status.fn else
+                    f"SDPA per sequence; {status.reason}")
+        return status.fn
 
     def warmup(self) -> WarmupReport:
         """Push one small request (prefill and decode) through the loop and wait for it."""

@@ -18,8 +18,9 @@ from switchyard.engine.logprobs import token_logprobs
 from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError
 
-from switchyard_xeon.attention import STEP_KWARG, StepMetadata
+from switchyard_xeon.attention import STEP_KWARG, DecodeRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
+from switchyard_xeon.kernels import PagedDecodeFn
 from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
 
@@ -91,12 +92,19 @@ def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
 
 
 class ModelRunner:
-    """Runs a transformers causal LM over a packed batch against the paged cache."""
+    """Runs a transformers causal LM over a packed batch against the paged cache.
 
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, blocks: BlockManager) -> None:
+    With a ``decode_kernel`` (see :mod:`switchyard_xeon.kernels`), every
+    sequence that feeds one token after cached context is attended in one
+    kernel call per layer; without one, each sequence takes the SDPA path.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, blocks: BlockManager,
+                 decode_kernel: PagedDecodeFn | None = None) -> None:
         self.model = model
         self.cache = cache
         self.blocks = blocks
+        self.decode_kernel = decode_kernel
         self.device = next(model.parameters()).device
 
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
@@ -143,26 +151,41 @@ class ModelRunner:
         blocks: list[int] = []
         spans: list[tuple[int, int] | None] = []
         lens: list[int] = []
+        context_lens: list[int] = []
+        offsets: list[int] = []
+        last: list[int] = []
+        dec_rows: list[int] = []
+        dec_tables: list[list[int]] = []
+        dec_lens: list[int] = []
+        size = self.blocks.block_size
         for seq in seqs:
             start, n = seq.num_cached, seq.num_scheduled
+            off = len(ids)
+            last.append(off + n - 1)
             ids.extend(seq.new_tokens)
             positions.extend(range(start, start + n))
             slots.extend(self.blocks.slots(seq.seq_id, start, n))
+            if start and n == 1 and self.decode_kernel is not None:
+                dec_rows.append(off)
+                dec_tables.append(self.blocks.table(seq.seq_id)[: blocks_for(start + 1, size)])
+                dec_lens.append(start + 1)
+                continue
             if start:  # context from earlier steps (or the prefix cache): read from blocks
-                count = blocks_for(start + n, self.blocks.block_size)
-                table = self.blocks.table(seq.seq_id)[:count]
+                count = blocks_for(start + n, size)
                 spans.append((len(blocks), count))
-                blocks.extend(table)
+                blocks.extend(self.blocks.table(seq.seq_id)[:count])
             else:
                 spans.append(None)
             lens.append(n)
+            context_lens.append(start + n)
+            offsets.append(off)
         meta = StepMetadata(
             self.cache, torch.tensor(slots, device=self.device),
             torch.tensor(blocks, dtype=torch.long, device=self.device), spans,
-            [seq.num_cached + seq.num_scheduled for seq in seqs], lens,
+            context_lens, lens, offsets, self._decode_rows(dec_rows, dec_tables, dec_lens, len(ids)),
         )
         if keep is None:
-            keep = [o + n - 1 for o, n in zip(meta.offsets, lens, strict=True)]
+            keep = last
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
@@ -172,3 +195,17 @@ class ModelRunner:
             **{STEP_KWARG: meta},
         )
         return out.logits[0]
+
+    def _decode_rows(self, rows: list[int], tables: list[list[int]], lens: list[int],
+                     total: int) -> DecodeRows | None:
+        """The kernel's inputs for the step's decode rows (tables padded with block 0)."""
+        if not rows or self.decode_kernel is None:
+            return None
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return DecodeRows(
+            kernel=self.decode_kernel,
+            rows=None if len(rows) == total else torch.tensor(rows, device=self.device),
+            tables=torch.tensor(padded, dtype=torch.int32, device=self.device),
+            lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
+        )

@@ -1,0 +1,151 @@
+// Paged decode attention for the Xeon engine: one query token per sequence,
+// attending over that sequence's keys and values where they lie in the block
+// pool, with no gather copy and no padding.
+//
+// Layout (see kv_cache.py): pools are [kv_heads, num_blocks, block_size, head_dim];
+// block_tables is [batch, max_blocks] (int32), context_lens [batch] (int32);
+// q is [batch, heads, head_dim]. The output has q's shape and dtype.
+//
+// Work is split over (sequence, kv head): the query heads of a GQA group share
+// every key/value row read, which is the only memory traffic that matters
+// here. Scores, softmax and the weighted sum accumulate in fp32.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline void load_row(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// DC > 0 fixes head_dim at compile time (the common sizes, fully vectorised);
+// DC == 0 reads it at run time.
+template <typename T, int DC>
+void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                   const at::Tensor& tables, const at::Tensor& lens, at::Tensor& out,
+                   double scale, int64_t window) {
+  const int64_t batch = q.size(0), heads = q.size(1);
+  const int64_t D = DC > 0 ? DC : q.size(2);
+  const int64_t kv_heads = k_pool.size(0), num_blocks = k_pool.size(1);
+  const int64_t block_size = k_pool.size(2), max_blocks = tables.size(1);
+  const int64_t group = heads / kv_heads;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_pool.data_ptr<T>();
+  const T* vp = v_pool.data_ptr<T>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  T* op = out.data_ptr<T>();
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * D), acc(group * D), row(D), scores;
+    for (int64_t work = begin; work < end; ++work) {
+      const int64_t b = work / kv_heads, h = work % kv_heads;
+      const int64_t length = lp[b];
+      const int64_t first = (window > 0 && length > window) ? length - window : 0;
+      const int64_t span = length - first;
+      if (span <= 0) continue;
+      scores.resize(group * span);
+      const int32_t* table = tp + b * max_blocks;
+      const T* qrow = qp + (b * heads + h * group) * D;
+      for (int64_t i = 0; i < group * D; ++i) qf[i] = static_cast<float>(qrow[i]) * fscale;
+      const T* kbase = kp + h * num_blocks * block_size * D;
+      const T* vbase = vp + h * num_blocks * block_size * D;
+
+      for (int64_t l = first; l < length; ++l) {
+        const T* krow = kbase + (static_cast<int64_t>(table[l / block_size]) * block_size +
+                                 l % block_size) * D;
+        load_row(krow, row.data(), D);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * D;
+          float s = 0.f;
+          for (int64_t d = 0; d < D; ++d) s += qg[d] * row[d];
+          scores[g * span + (l - first)] = s;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * span;
+        float m = sg[0];
+        for (int64_t i = 1; i < span; ++i) m = std::max(m, sg[i]);
+        float sum = 0.f;
+        for (int64_t i = 0; i < span; ++i) {
+          sg[i] = std::exp(sg[i] - m);
+          sum += sg[i];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t i = 0; i < span; ++i) sg[i] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = first; l < length; ++l) {
+        const T* vrow = vbase + (static_cast<int64_t>(table[l / block_size]) * block_size +
+                                 l % block_size) * D;
+        load_row(vrow, row.data(), D);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * span + (l - first)];
+          float* ag = acc.data() + g * D;
+          for (int64_t d = 0; d < D; ++d) ag[d] += p * row[d];
+        }
+      }
+      T* orow = op + (b * heads + h * group) * D;
+      for (int64_t i = 0; i < group * D; ++i) orow[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+template <typename T>
+void dispatch_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& t, const at::Tensor& n, at::Tensor& out, double scale,
+                  int64_t window) {
+  switch (q.size(2)) {
+    case 64: decode_kernel<T, 64>(q, k, v, t, n, out, scale, window); break;
+    case 128: decode_kernel<T, 128>(q, k, v, t, n, out, scale, window); break;
+    default: decode_kernel<T, 0>(q, k, v, t, n, out, scale, window);
+  }
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                  const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
+              "paged_decode_attention: q [B, H, D], pools [KVH, blocks, block_size, D]");
+  TORCH_CHECK(q.scalar_type() == k_pool.scalar_type() && q.scalar_type() == v_pool.scalar_type(),
+              "paged_decode_attention: q and the pools must share a dtype");
+  TORCH_CHECK(q.size(2) == k_pool.size(3), "paged_decode_attention: head_dim mismatch");
+  TORCH_CHECK(q.size(1) % k_pool.size(0) == 0, "paged_decode_attention: heads % kv_heads != 0");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+              "paged_decode_attention: block_tables and context_lens must be int32");
+  TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
+              "paged_decode_attention: one block table and length per query");
+  TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+              block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "paged_decode_attention: inputs must be contiguous");
+  at::Tensor out = at::empty_like(q);
+  if (q.scalar_type() == at::kFloat) {
+    dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    dispatch_dim<c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
+  } else {
+    TORCH_CHECK(false, "paged_decode_attention: float32 or bfloat16 only");
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(switchyard_xeon, m) {
+  m.def(
+      "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
+      "Tensor context_lens, float scale, int window) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+}

@@ -1,0 +1,183 @@
+"""The Xeon engine's fast forward path: the native paged decode kernel and fused/packed linears.
+
+Each piece is checked against plain math first, then the engine with it against
+the engine without it (same greedy tokens), so a wrong kernel cannot hide
+behind the parity tests of the whole engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.kernels import load_paged_attention
+from switchyard_xeon.kernels.reference import paged_decode_reference
+from switchyard_xeon.linears import FusedSibling, PackedLinear, _check_packing, pack_linears
+
+from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
+
+
+def naive_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 tables: torch.Tensor, lens: torch.Tensor, scale: float,
+                 window: int) -> torch.Tensor:
+    """Row by row, head by head, in float64: the definition the kernels must meet."""
+    batch, heads, dim = q.shape
+    kv_heads, _, block, _ = k_pool.shape
+    out = torch.empty(batch, heads, dim, dtype=torch.float64)
+    for b in range(batch):
+        length = int(lens[b])
+        first = max(0, length - window) if window else 0
+        pos = torch.arange(first, length)
+        slots = tables[b].long()[pos // block] * block + pos % block
+        for h in range(heads):
+            kvh = h // (heads // kv_heads)
+            keys = k_pool[kvh].reshape(-1, dim)[slots].double()
+            values = v_pool[kvh].reshape(-1, dim)[slots].double()
+            weights = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
+            out[b, h] = weights @ values
+    return out
+
+
+def random_case(dtype: torch.dtype, dim: int, heads: int, kv_heads: int, lens: list[int],
+                block: int = 16, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """A scattered pool and block tables padded with block 0, as the runner builds them."""
+    gen = torch.Generator().manual_seed(seed)
+    widths = [math.ceil(n / block) for n in lens]
+    num_blocks = sum(widths) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for w in widths:
+        tables.append(order[used : used + w] + [0] * (max(widths) - w))
+        used += w
+    k = torch.randn(kv_heads, num_blocks, block, dim, generator=gen).to(dtype)
+    v = torch.randn(kv_heads, num_blocks, block, dim, generator=gen).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
+    return (q, k, v, torch.tensor(tables, dtype=torch.int32),
+            torch.tensor(lens, dtype=torch.int32))
+
+
+CASES = [
+    # dtype, head_dim, heads, kv_heads, context lengths, window
+    (torch.float32, 64, 9, 3, [1, 17, 130, 16], 0),
+    (torch.float32, 128, 4, 4, [33, 2], 0),
+    (torch.float32, 80, 8, 1, [50, 300, 7], 0),
+    (torch.float32, 64, 6, 2, [40, 100, 5], 24),
+    (torch.bfloat16, 64, 9, 3, [1, 17, 130, 16], 0),
+    (torch.bfloat16, 128, 14, 2, [200, 64], 0),
+    (torch.bfloat16, 96, 6, 3, [70, 3], 31),
+]
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Callable[..., torch.Tensor]:
+    """The built kernel: it must build wherever the tests run (g++ and ninja are deps)."""
+    status = load_paged_attention()
+    assert status.fn is not None, status.reason
+    return status.fn
+
+
+@pytest.mark.parametrize("dtype,dim,heads,kv_heads,lens,window", CASES)
+def test_native_kernel_matches_the_definition(kernel, dtype, dim, heads, kv_heads, lens, window):
+    q, k, v, tables, n = random_case(dtype, dim, heads, kv_heads, lens)
+    got = kernel(q, k, v, tables, n, dim**-0.5, window)
+    want = naive_decode(q, k, v, tables, n, dim**-0.5, window)
+    assert got.dtype == dtype and got.shape == q.shape
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,dim,heads,kv_heads,lens,window", CASES)
+def test_portable_path_matches_the_definition(dtype, dim, heads, kv_heads, lens, window):
+    q, k, v, tables, n = random_case(dtype, dim, heads, kv_heads, lens, seed=1)
+    got = paged_decode_reference(q, k, v, tables, n, dim**-0.5, window)
+    want = naive_decode(q, k, v, tables, n, dim**-0.5, window)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_kernel_rejects_bad_inputs(kernel):
+    q, k, v, tables, n = random_case(torch.float32, 64, 4, 2, [5])
+    with pytest.raises(RuntimeError, match="int32"):
+        kernel(q, k, v, tables.long(), n, 0.125, 0)
+    with pytest.raises(RuntimeError, match="dtype"):
+        kernel(q.double(), k, v, tables, n, 0.125, 0)
+
+
+def tiny_llama(dtype: torch.dtype, bias: bool = False) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         attention_bias=bias, mlp_bias=bias)
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_give_the_same_logits(bias):
+    model = tiny_llama(torch.float32, bias)
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    with torch.inference_mode():
+        before = model(ids).logits
+        report = pack_linears(model)
+        after = model(ids).logits
+    assert report.fused_groups == 4 and report.packed == 0  # fp32: fused, not packed
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.k_proj, FusedSibling)
+    assert isinstance(layer.mlp.up_proj, FusedSibling)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_linears_are_packed_where_the_cpu_can():
+    model = tiny_llama(torch.bfloat16)
+    reason = _check_packing(model.lm_head)
+    if reason:  # oneDNN's bf16 reorder needs AVX-512 or AVX-NE-CONVERT
+        report = pack_linears(model)
+        assert report.packed == 0 and report.reason == reason
+        assert "stock" in report.describe()
+        pytest.skip(f"this CPU cannot pack bf16 weights: {reason}")
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    with torch.inference_mode():
+        before = model(ids).logits.float()
+        report = pack_linears(model)
+        after = model(ids).logits.float()
+    assert report.packed > 0 and isinstance(model.lm_head, PackedLinear)
+    torch.testing.assert_close(after, before, atol=5e-2, rtol=5e-2)
+
+
+def generate(engine: XeonEngine, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """Submit all prompts at once (so decode steps batch them) and return their tokens."""
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(greedy_request(f"r{i}", prompt, new), sink)
+    return [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+
+
+def test_engine_with_fast_path_matches_portable_path(make_engine, caplog):
+    """Batched decode through the kernel and fused linears gives the portable path's tokens.
+
+    A small prefill budget chunks the long prompts, so steps mix decode rows
+    (kernel) with prefill chunks (SDPA) as well as running pure decode steps.
+    """
+    prompts = [prompt_of(n, start=s) for n, s in ((5, 1), (40, 2), (17, 3), (90, 4))]
+    with caplog.at_level("INFO", logger="switchyard.xeon"):
+        fast = make_engine({"block_size": "4"}, max_batch_prefill_tokens=24)
+    assert "decode attention: native paged attention" in caplog.text
+    assert "fused groups" in caplog.text
+    portable = make_engine({"block_size": "4", "attention": "sdpa", "linears": "stock"},
+                           max_batch_prefill_tokens=24)
+    assert fast._runner.decode_kernel is not None and portable._runner.decode_kernel is None
+    assert generate(fast, prompts, 12) == generate(portable, prompts, 12)
+
+
+def test_engine_options_are_checked(make_engine):
+    from switchyard_spec import EngineStartError
+
+    with pytest.raises(EngineStartError, match="attention"):
+        make_engine({"attention": "flash"})
+    with pytest.raises(EngineStartError, match="linears"):
+        make_engine({"linears": "fast"})
