@@ -45,6 +45,26 @@ QUICK = {"shapes": "small", "streams": "1,2", "prompt_tokens": 16, "new_tokens":
          "bandwidth_mib": 256, "peer_timeout": 900.0}
 FULL = {"shapes": "small,medium", "streams": "1,8,32,64", "prompt_tokens": 128,
         "new_tokens": 128, "bandwidth_mib": 1024, "peer_timeout": 1800.0}
+# CPU flags that mean native bf16 matmuls; without them torch emulates bf16, very slowly.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty when it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve_dtype(choice: str) -> str:
+    """`auto`: bfloat16 where the CPU has native bf16 (AVX512_BF16 or AMX), else float32."""
+    if choice != "auto":
+        return choice
+    return "bfloat16" if cpu_flags() & set(BF16_FLAGS) else "float32"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,10 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="threads for llama.cpp and cores bound for vLLM (default: all CPUs)")
     p.add_argument("--switchyard-args", default="", help="extra `switchyard serve` arguments")
     p.add_argument("--vllm-args", default="", help="extra vLLM api_server arguments")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="weights and activations for every peer (default auto: bfloat16 "
+                        "where the CPU has avx512_bf16 or amx_bf16, else float32)")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.dtype = resolve_dtype(args.dtype)
     return args
 
 
@@ -84,7 +108,7 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
         "hf-generate": lambda: TransformersPeer("generate"),
         "hf-generate-batch": lambda: TransformersPeer("generate_batch"),
         "vllm": lambda: VllmPeer(args.vllm_args),
-        "llamacpp": LlamaCppPeer,
+        "llamacpp": lambda: LlamaCppPeer(args.dtype),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:
@@ -123,14 +147,15 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        flags = Path("/proc/cpuinfo").read_text()
-        isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     except OSError:
-        isa = []
+        pass
+    flags = cpu_flags()
+    isa = [f for f in ("avx512f", *BF16_FLAGS) if f in flags]
+    no_avx512 = "AVX2, no AVX-512" if "avx2" in flags else "no AVX-512"
     # The load average says whether the numbers can be trusted: with other work on
     # the cores, spinning thread pools (OpenMP, ggml) lose far more than their share.
     load = os.getloadavg()[0]
-    return (f"{cpu}, {os.cpu_count()} CPUs ({', '.join(isa) or 'no AVX-512'}), "
+    return (f"{cpu}, {os.cpu_count()} CPUs ({', '.join(isa) or no_avx512}), "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
             f"load average {load:.1f} at start")
 
@@ -159,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     settings: dict[str, object] = {
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "streams": streams,
-        "dtype": "bfloat16", "sampling": "greedy, EOS ignored", "peer_timeout_s": args.peer_timeout}
+        "dtype": args.dtype, "sampling": "greedy, EOS ignored", "peer_timeout_s": args.peer_timeout}
     run_report = report.RunReport(command=shlex.join([Path(sys.executable).name, *sys.argv]),
                                   machine=machine(), settings=settings)
     print(run_report.machine, flush=True)
+    print(f"dtype: {args.dtype}", flush=True)
     if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
         print("warning: the machine is busy; these numbers will not be representative",
               flush=True)
@@ -175,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = ensure_model(shape, args)
         if run_report.bandwidth is not None:
             run_report.bounds[shape] = bandwidth.decode_bound(
-                model_dir, run_report.bandwidth, args.prompt_tokens, args.new_tokens)
+                model_dir, run_report.bandwidth, args.prompt_tokens, args.new_tokens,
+                args.dtype)
         prompts, prompts_file = write_prompts(model_dir, shape, max(streams), args)
         for peer in peers:
             started = time.monotonic()
@@ -184,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                                  prompts_file=prompts_file, prompt_tokens=args.prompt_tokens,
                                  new_tokens=args.new_tokens, streams=streams, out_dir=args.out,
                                  budget_s=args.peer_timeout, start_timeout_s=args.start_timeout,
-                                 threads=args.threads)
+                                 threads=args.threads, dtype=args.dtype)
             for point in run_peer(peer, shape_run):
                 run_report.points.append(point)
                 rate = point.output_tokens_per_s

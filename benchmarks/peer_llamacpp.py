@@ -1,10 +1,12 @@
 """llama.cpp through llama-cpp-python (`.bench-venvs/llamacpp`).
 
-The HF folder is converted once per shape to a bf16 GGUF with llama.cpp's own
-converter (kept in `<out>/gguf/`). Batch 1 runs in-process (`Llama.generate`,
-no HTTP in the way); more streams go through the package's OpenAI-compatible
-server, which serves one request at a time: its rows show what a llama.cpp
-Python deployment does under concurrent load, not batched decoding.
+The HF folder is converted once per shape and dtype to a GGUF with llama.cpp's
+own converter (bf16 for bfloat16, f32 for float32; kept in `<out>/gguf/` as
+`<shape>-<outtype>.gguf`, so both are cached side by side). Batch 1 runs
+in-process (`Llama.generate`, no HTTP in the way); more streams go through the
+package's OpenAI-compatible server, which serves one request at a time: its
+rows show what a llama.cpp Python deployment does under concurrent load, not
+batched decoding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ VENV = VENVS / "llamacpp"
 PYTHON = VENV / "bin" / "python"
 SOURCE = VENV / "llama.cpp"
 """vendor/llama.cpp of the sdist, linked here by benchmarks/setup_peers.sh."""
+OUTTYPES = {"bfloat16": "bf16", "float32": "f32"}
+"""GGUF converter `--outtype` for each torch dtype name."""
 
 
 class LlamaCppPeer(ServerPeer):
@@ -26,9 +30,11 @@ class LlamaCppPeer(ServerPeer):
 
     name = "llamacpp"
     ready_path = "/v1/models"
-    note = "bf16 GGUF; 1 stream in-process, more through llama_cpp.server (one request at a time)"
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str = "bfloat16") -> None:
+        self.outtype = OUTTYPES[dtype]
+        self.note = (f"{self.outtype} GGUF; 1 stream in-process, more through llama_cpp.server "
+                     "(one request at a time)")
         self.gguf: Path | None = None
 
     def unavailable(self) -> str | None:
@@ -40,15 +46,15 @@ class LlamaCppPeer(ServerPeer):
 
     def _convert(self, run: ShapeRun) -> Path:
         """The shape's GGUF, converted on first use."""
-        gguf = run.out_dir / "gguf" / f"{run.shape}-bf16.gguf"
+        gguf = run.out_dir / "gguf" / f"{run.shape}-{self.outtype}.gguf"
         if not gguf.exists():
             gguf.parent.mkdir(parents=True, exist_ok=True)
             partial = gguf.with_suffix(".partial")
             argv = [str(PYTHON), str(WORKERS / "llamacpp_worker.py"), "convert",
                     "--model", str(run.model_dir), "--out", str(partial),
-                    "--llama-cpp", str(SOURCE)]
-            _, problem = run_worker(argv, run.out_dir / "logs" / f"gguf-{run.shape}.log",
-                                    run.left_s())
+                    "--llama-cpp", str(SOURCE), "--outtype", self.outtype]
+            log = run.out_dir / "logs" / f"gguf-{run.shape}-{self.outtype}.log"
+            _, problem = run_worker(argv, log, run.left_s())
             if problem or not partial.exists():
                 raise RuntimeError(f"GGUF conversion failed: {problem or 'no output file'}")
             partial.rename(gguf)  # only a finished file gets the final name

@@ -49,6 +49,8 @@ class ShapeRun:
     """Wall-clock seconds this peer may spend on this shape, start-up included."""
     start_timeout_s: float = 900.0
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    dtype: str = "bfloat16"
+    """torch dtype name every peer runs in: "bfloat16" or "float32"."""
 
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.budget_s
@@ -131,7 +133,7 @@ class SwitchyardPeer(ServerPeer):
 
     def command(self, run: ShapeRun, port: int) -> tuple[list[str], dict[str, str]]:
         argv = [str(Path(sys.executable).parent / "switchyard"), "serve",
-                "--model-id", str(run.model_dir), "--dtype", "bfloat16",
+                "--model-id", str(run.model_dir), "--dtype", run.dtype,
                 "--hostname", "127.0.0.1", "--port", str(port), *self.extra_args]
         return argv, {"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"}
 
@@ -156,7 +158,7 @@ class VllmPeer(ServerPeer):
     def command(self, run: ShapeRun, port: int) -> tuple[list[str], dict[str, str]]:
         argv = [str(_python("vllm")), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(run.model_dir), "--served-model-name", "bench",
-                "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", run.dtype, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(run.prompt_tokens + run.new_tokens + 64),
                 "--max-num-seqs", str(max(run.streams)), *self.extra_args]
         # Both variables may come from the caller's environment; these are the defaults:
@@ -225,7 +227,7 @@ class TransformersPeer(Peer):
         argv = [sys.executable, str(WORKERS / "hf_worker.py"), "--mode", self.mode,
                 "--model", str(run.model_dir), "--prompts", str(run.prompts_file),
                 "--streams", ",".join(map(str, run.streams)),
-                "--new-tokens", str(run.new_tokens), "--dtype", "bfloat16"]
+                "--new-tokens", str(run.new_tokens), "--dtype", run.dtype]
         log = run.out_dir / "logs" / f"{self.name}-{run.shape}.log"
         records, problem = run_worker(argv, log, run.left_s())
         return points_from_records(self.name, run, run.streams, records, problem, self.note)

@@ -39,7 +39,8 @@ def markdown(report: RunReport) -> str:
     """The comparison table, then batch 1 against the bandwidth bound, then notes."""
     out = ["# Switchyard vs peers", "", f"`{report.command}`", "", report.machine, ""]
     settings = ", ".join(f"{k}={v}" for k, v in report.settings.items())
-    out += [f"Settings: {settings}.", ""]
+    out += [f"Dtype: **{report.settings.get('dtype', '?')}** (every peer).", "",
+            f"Settings: {settings}.", ""]
     rows = [[p.shape, p.peer, str(p.streams), p.status, _num(p.output_tokens_per_s),
              _ms(p.ttft_p50_s), _ms(p.ttft_p90_s), _ms(p.itl_p50_s), _ms(p.itl_p90_s),
              p.reason] for p in report.points]
@@ -47,11 +48,12 @@ def markdown(report: RunReport) -> str:
                    "TTFT p90 ms", "ITL p50 ms", "ITL p90 ms", "skipped because / errors"], rows)
     if report.bandwidth is not None:
         bw = report.bandwidth
+        dtype = report.settings.get("dtype", "bfloat16")
         out += ["", "## Batch 1 against the memory-bandwidth bound", "",
                 (f"Read bandwidth {bw.read_gbs:.1f} GB/s (sum of a {bw.size_mib} MiB float32 "
                  f"tensor, {bw.threads} threads, best of {bw.repeats}); copy "
-                 f"{bw.copy_gbs:.1f} GB/s. Bound = read bandwidth / (bf16 weights + KV cache "
-                 "read per step at the mean context). Decode tok/s = 1 / ITL p50."), ""]
+                 f"{bw.copy_gbs:.1f} GB/s. Bound = read bandwidth / ({dtype} weights + KV "
+                 "cache read per step at the mean context). Decode tok/s = 1 / ITL p50."), ""]
         rows = []
         for shape, bound in report.bounds.items():
             for p in report.points:

@@ -113,7 +113,7 @@ def main() -> int:
     parser.add_argument("--prompts", required=True, help="JSON list of prompt strings")
     parser.add_argument("--streams", required=True, help="batch sizes, e.g. 1,8,32")
     parser.add_argument("--new-tokens", type=int, required=True)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = parser.parse_args()
 
     with open(args.prompts) as fh:

@@ -2,8 +2,8 @@
 
 Three sub-commands:
 
-    convert --model HF_DIR --out FILE.gguf --llama-cpp DIR
-        HF folder to a bf16 GGUF with llama.cpp's own converter (from the
+    convert --model HF_DIR --out FILE.gguf --llama-cpp DIR [--outtype bf16|f32]
+        HF folder to a GGUF with llama.cpp's own converter (from the
         package's source distribution). The converter recognises a BPE
         pre-tokenizer by hashing its output on a test string; a tokenizer trained
         locally matches no known hash, and it is GPT-2's byte-level split, so the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 
-def convert(model: str, out: str, llama_cpp_dir: str) -> None:
+def convert(model: str, out: str, llama_cpp_dir: str, outtype: str = "bf16") -> None:
     """Run the vendored convert_hf_to_gguf.py with the GPT-2 pre-tokenizer forced."""
     root = Path(llama_cpp_dir)
     sys.path[:0] = [str(root), str(root / "gguf-py")]
@@ -38,7 +38,7 @@ def convert(model: str, out: str, llama_cpp_dir: str) -> None:
         return "gpt-2"
 
     TextModel.get_vocab_base_pre = gpt2_pre  # type: ignore[method-assign]
-    sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", "bf16"]
+    sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", outtype]
     runpy.run_path(str(root / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
@@ -88,6 +88,7 @@ def main() -> int:
     p_convert.add_argument("--model", required=True)
     p_convert.add_argument("--out", required=True)
     p_convert.add_argument("--llama-cpp", required=True, help="vendor/llama.cpp folder")
+    p_convert.add_argument("--outtype", choices=["bf16", "f32"], default="bf16")
     p_run = sub.add_parser("run")
     p_run.add_argument("--gguf", required=True)
     p_run.add_argument("--prompts", required=True)
@@ -97,7 +98,7 @@ def main() -> int:
     sub.add_parser("serve", add_help=False)
     args, rest = parser.parse_known_args()
     if args.command == "convert":
-        convert(args.model, args.out, args.llama_cpp)
+        convert(args.model, args.out, args.llama_cpp, args.outtype)
     elif args.command == "run":
         run(args.gguf, args.prompts, args.new_tokens, args.threads, args.n_ctx)
     else:
