@@ -20,6 +20,7 @@ from switchyard.engine.sampling import (
     sample_step,
     warp,
 )
+from switchyard.engine.topk_filter import filter_candidates
 from switchyard.engine.watermark import WatermarkConfig, greenlist
 from switchyard_spec import SamplingParams
 
@@ -266,3 +267,102 @@ def test_logprobs_can_be_skipped():
     # One row that wants them brings them back for the step.
     rows.append(_row(SamplingParams()))
     assert sample(logits[[0, 1, 0]], rows)[2].logprob < 0.0
+
+
+def _shaped(vocab: int, head: list[float], tail: float, rows: int = 1) -> torch.Tensor:
+    """Rows of ``vocab`` logits: ``head`` on the first ids, ``tail`` on all the others."""
+    logits = torch.full((rows, vocab), tail)
+    logits[:, : len(head)] = torch.tensor(head)
+    return logits
+
+
+def _chi_square(draws: list[int], probs: torch.Tensor, bins: int) -> float:
+    """Pearson's statistic of the draws against ``probs`` ([vocab]): the ``bins - 1`` most
+    likely ids one bin each, everything else one more bin."""
+    order = probs.argsort(descending=True)
+    bin_of = torch.full_like(order, bins - 1)
+    bin_of[order[: bins - 1]] = torch.arange(bins - 1)
+    expected = torch.zeros(bins, dtype=torch.float64).index_add_(0, bin_of, probs.double())
+    observed = torch.zeros(bins, dtype=torch.float64).index_add_(
+        0, bin_of[torch.tensor(draws)], torch.ones(len(draws), dtype=torch.float64))
+    expected *= len(draws)
+    assert float(expected.min()) > 20, "too few expected draws per bin for the statistic"
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+_HEAD = [4.0, 3.2, 2.5, 1.9, 1.4, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("head", "tail", "params", "bins", "refiltered"),
+    [
+        # Top-p on the candidates: the 994 tail tokens hold 0.6% of the mass.
+        (_HEAD, -8.0, SamplingParams(do_sample=True, top_p=0.95), 5, False),
+        # Temperature, top-k, then top-p, on the candidates.
+        (_HEAD, -8.0, SamplingParams(do_sample=True, temperature=0.8, top_k=5, top_p=0.99),
+         5, False),
+        # The candidates hold too little of the mass: refiltered by a full sort, the
+        # cut inside the tail's run of ties; the kept tail is one bin.
+        ([4.0, 3.5, 3.0, 2.5], 0.0, SamplingParams(do_sample=True, top_p=0.97), 5, True),
+        # No filter: the whole softmax, the tail one bin.
+        (_HEAD, -3.0, SamplingParams(do_sample=True), 7, None),
+        # Typical-p after top-p.
+        (_HEAD, -8.0, SamplingParams(do_sample=True, top_p=0.99, typical_p=0.9), 4, None),
+    ],
+)
+def test_draws_follow_the_kept_softmax(head, tail, params, bins, refiltered):
+    """Thousands of seeds, one row each, in one batch: the picks must match softmax(warp)."""
+    vocab, draws = 1000, 8000
+    logits = _shaped(vocab, head, tail, rows=draws)
+    if refiltered is not None:
+        scaled = logits[:1] / params.temperature
+        path = filter_candidates(scaled, [params.top_k], [params.top_p])
+        assert bool(path.exact[0]) is refiltered
+    rows = [RowSampler(params, (), vocab, seed=seed) for seed in range(draws)]
+    picks = [t.token_id for t in sample(logits, rows)]
+    kept = warp(logits[:1], [params])[0]
+    probs = torch.softmax(kept, dim=-1)
+    assert all(torch.isfinite(kept[picks]).tolist()), "a removed token was drawn"
+    # The 1e-6 tail of the chi-square with bins - 1 <= 6 degrees of freedom lies below 40;
+    # a shifted inverse CDF, or probabilities off by a temperature of 0.8, land far above.
+    assert _chi_square(picks, probs, bins) < 40.0
+
+
+def test_inverse_cdf_never_lands_on_a_zero_probability_token():
+    """A uniform rounded up to the total mass still picks the last kept token."""
+    from switchyard.engine.sampling import _inverse_cdf
+
+    probs = torch.tensor([[0.5, 0.0, 0.5, 0.0, 0.0], [0.0, 0.25, 0.75, 0.0, 0.0]])
+    ones = torch.ones(2, dtype=torch.float64)
+    assert _inverse_cdf(probs, ones).tolist() == [2, 2]
+    assert _inverse_cdf(probs, torch.zeros(2, dtype=torch.float64)).tolist() == [0, 1]
+    assert _inverse_cdf(probs, torch.tensor([0.5, 0.25], dtype=torch.float64)).tolist() == [2, 2]
+
+
+def test_seeded_rows_ignore_batch_mates_on_a_large_vocabulary():
+    """Candidate rows, refiltered rows and unfiltered rows each keep their own token stream,
+    next to a mate whose top-k widens the batch's candidates and a greedy mate."""
+    vocab = 3000
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.cat([
+        torch.randn(1, vocab, generator=gen) * 4,  # peaked: on its candidates
+        torch.randn(1, vocab, generator=gen) * 0.05,  # flat: refiltered
+        (torch.randn(1, vocab, generator=gen) * 2).round(),  # runs of ties everywhere
+        torch.randn(1, vocab, generator=gen) * 3,
+    ])
+    targets = [SamplingParams(do_sample=True, top_p=0.9, seed=1),
+               SamplingParams(do_sample=True, temperature=0.8, top_p=0.8, seed=2),
+               SamplingParams(do_sample=True, top_k=30, top_p=0.7, seed=3),
+               SamplingParams(do_sample=True, temperature=1.3, seed=4)]
+
+    def rows_for(params: list[SamplingParams]) -> list[RowSampler]:
+        return [RowSampler(p, (), vocab, seed=p.seed) for p in params]
+
+    alone_rows = rows_for(targets)
+    alone = [[sample(logits[i : i + 1], [alone_rows[i]])[0].token_id for _ in range(8)]
+             for i in range(4)]
+    mates = [SamplingParams(do_sample=True, top_k=1200, top_p=0.95, seed=9), SamplingParams()]
+    crowd_rows = rows_for([*targets, *mates])
+    crowd_logits = torch.cat([logits, logits[:2]])
+    steps = [[t.token_id for t in sample(crowd_logits, crowd_rows)[:4]] for _ in range(8)]
+    assert [list(col) for col in zip(*steps)] == alone

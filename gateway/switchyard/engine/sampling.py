@@ -20,10 +20,14 @@ processed logits (after temperature and filtering); a greedy row reports
 not apply to greedy rows). When no row of a step wants log-probabilities or
 alternatives, they are not computed at all and reported as 0.0.
 
+Top-k and top-p look at each row's few hundred best candidates, not its whole
+vocabulary (:mod:`switchyard.engine.topk_filter`), with the same kept tokens as
+a full sort.
+
 Reproducibility: every sampled row owns a ``torch.Generator`` seeded from its
-request and draws exactly one noise vector per step from it, so its tokens do
-not depend on which other rows share the batch. The watermark never draws from
-that generator.
+request and draws exactly one uniform per step from it, which picks its token
+by inverse CDF over its kept probabilities, so its tokens do not depend on which
+other rows share the batch. The watermark never draws from that generator.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from switchyard.engine.topk_filter import Filtered, filter_candidates
 from switchyard.engine.watermark import WatermarkConfig, apply_watermark
 from switchyard_spec import SamplingParams, TopToken
 
@@ -159,15 +164,21 @@ def sample_step(
     scores = scores.clamp(max=torch.finfo(scores.dtype).max)
 
     sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
-    greedy_ids = scores.argmax(dim=-1)
     final = scores
-    chosen = greedy_ids
-    if sampled:
-        idx = torch.tensor(sampled, device=device)
-        warped = warp(scores[idx], [rows[i].params for i in sampled])
-        picks = _draw(warped, [rows[i].generator for i in sampled])
-        final = scores.index_copy(0, idx, warped)
-        chosen = greedy_ids.index_copy(0, idx, picks)
+    if len(sampled) == len(rows):
+        # An all-sampled batch (common) skips the greedy argmax and the row shuffles:
+        # each of them is a pass over the whole [rows, vocab] tensor.
+        warped = _warp(scores, [r.params for r in rows])
+        chosen = _draw(warped, [r.generator for r in rows])
+        final = warped.scores
+    else:
+        chosen = scores.argmax(dim=-1)
+        if sampled:
+            idx = torch.tensor(sampled, device=device)
+            warped = _warp(scores[idx], [rows[i].params for i in sampled])
+            picks = _draw(warped, [rows[i].generator for i in sampled])
+            final = scores.index_copy(0, idx, warped.scores)
+            chosen = chosen.index_copy(0, idx, picks)
 
     top_n = min(max(r.params.top_n_tokens for r in rows), vocab)
     with_logprobs = top_n > 0 or any(r.logprobs for r in rows)
@@ -253,48 +264,63 @@ def apply_penalties(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.T
 
 def warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k, top-p and typical-p for sampled rows; filtered entries become -inf."""
+    return _warp(scores, params).scores
+
+
+@dataclass(frozen=True, slots=True)
+class _Warped:
+    """What :func:`_warp` hands to :func:`_draw`.
+
+    ``scores`` ([n, vocab]) are the fully processed scores. ``filtered`` holds
+    the candidate lists of the rows listed in ``filtered_rows`` (those with top-k
+    or top-p); typical-p changed the rows in ``typical_rows`` after that, so
+    their candidate lists no longer describe what they keep.
+    """
+
+    scores: torch.Tensor
+    filtered: Filtered | None
+    filtered_rows: list[int]
+    typical_rows: list[int]
+
+
+def _warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> _Warped:
+    """:func:`warp`, keeping the candidate lists that let :func:`_draw` skip the vocabulary."""
     device = scores.device
     finfo = torch.finfo(scores.dtype)
     temps = scores.new_tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
     # In float32 a tiny temperature is 0 and a huge one inf; clamped, they stay usable.
     temps = temps.clamp(min=finfo.tiny, max=finfo.max)[:, None]
+    top = scores.amax(dim=-1, keepdim=True)
     scaled = scores / temps
-    overflow = torch.isposinf(scaled).any(dim=-1, keepdim=True)
+    # Division rounds monotonically, so a row overflows exactly when its maximum does.
+    overflow = torch.isposinf(top / temps)
     if overflow.any():
         # inf would become inf - inf = NaN in softmax. Such a row is divided after its
         # maximum is subtracted (the same distribution): the maximum stays at 0 and the
         # rest goes to -inf, which is greedy, the limit of a tiny temperature.
-        shifted = (scores - scores.amax(dim=-1, keepdim=True)) / temps
+        shifted = (scores - top) / temps
         scaled = torch.where(overflow, shifted, scaled)
     scores = scaled
     vocab = scores.shape[1]
 
-    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    ps = [p.top_p for p in params]
-    if any(ks) or any(p < 1.0 for p in ps):
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        remove = torch.zeros_like(sorted_scores, dtype=torch.bool)
-        if any(ks):
-            k = torch.tensor([k if k else vocab for k in ks], device=device)
-            kth = sorted_scores.gather(1, (k - 1)[:, None])
-            # Compare with the k-th value (not the rank) so ties with it stay, as in transformers.
-            remove |= sorted_scores < kth
-        if any(p < 1.0 for p in ps):
-            top_p = scores.new_tensor(ps)[:, None]
-            probs = torch.softmax(sorted_scores.masked_fill(remove, _NEG_INF), dim=-1)
-            # Mass strictly before each entry; the first entry is always kept.
-            before = probs.cumsum(dim=-1) - probs
-            remove |= before >= top_p
-            # The most likely token always stays, even when float32 rounds a tiny top_p to 0.
-            remove[:, 0] = False
-        scores = scores.masked_fill(remove.scatter(1, order, remove), _NEG_INF)
+    filtered: Filtered | None = None
+    rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
+    if len(rows) == len(params):
+        filtered = filter_candidates(scores, [p.top_k for p in params],
+                                     [p.top_p for p in params])
+        scores = filtered.scores
+    elif rows:
+        idx = torch.tensor(rows, device=device)
+        filtered = filter_candidates(scores[idx], [params[i].top_k for i in rows],
+                                     [params[i].top_p for i in rows])
+        scores = scores.index_copy(0, idx, filtered.scores)
 
     typical = [i for i, p in enumerate(params) if p.typical_p < 1.0]
     if typical:
         idx = torch.tensor(typical, device=device)
         mass = scores.new_tensor([params[i].typical_p for i in typical])
         scores = scores.index_copy(0, idx, _typical(scores[idx], mass))
-    return scores
+    return _Warped(scores, filtered, rows, typical)
 
 
 def _typical(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -310,11 +336,56 @@ def _typical(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(remove_sorted.scatter(1, order, remove_sorted), _NEG_INF)
 
 
-def _draw(scores: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-    """Sample one id per row: argmax of p / E with E ~ Exp(1), each row from its own generator."""
-    probs = torch.softmax(scores, dim=-1)
-    noise = torch.empty_like(probs)
-    for i, gen in enumerate(generators):
-        noise[i].exponential_(generator=gen)
-    # A zero draw would make 0/0 = nan, which argmax treats as the maximum.
-    return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+def _draw(warped: _Warped, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Sample one id per row by inverse CDF, with one uniform from each row's own generator.
+
+    A row filtered on its candidates draws from their kept probabilities (in
+    their canonical order); any other row (no filter, typical-p, refiltered
+    exactly) from the softmax of its whole processed row. Which path a row takes
+    depends only on its own scores and parameters, so its token does too.
+    """
+    scores = warped.scores
+    device = scores.device
+    n = len(generators)
+    # float64: a float32 uniform (24 bits) could never land on a token rarer than 2**-24.
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64,
+                              device=g.device if g is not None else "cpu")
+                   for g in generators]).to(device)
+    picks = torch.zeros(n, dtype=torch.long, device=device)
+    f, filtered = warped.filtered, warped.filtered_rows
+    # Rows that draw from their whole row, as far as the host knows.
+    whole = sorted(set(range(n)).difference(filtered).union(warped.typical_rows))
+    rest: torch.Tensor | None = None
+    if f is not None:
+        idx = torch.tensor(filtered, device=device)
+        at = _inverse_cdf(torch.softmax(f.cand_scores, dim=-1), u[idx])
+        picks[idx] = f.cand_ids.gather(1, at[:, None])[:, 0]
+        if f.any_exact:
+            # Which rows the filter refiltered is known on the device only (one sync).
+            mask = torch.zeros(n, dtype=torch.bool, device=device)
+            mask[whole] = True
+            mask[idx] |= f.exact
+            rest = mask.nonzero()[:, 0]
+    if rest is None:
+        rest = torch.tensor(whole, dtype=torch.long, device=device)
+    # Only these rows pay for a cumulative sum over the whole vocabulary.
+    if rest.numel() == n:
+        picks = _inverse_cdf(torch.softmax(scores, dim=-1), u)
+    elif rest.numel():
+        picks[rest] = _inverse_cdf(torch.softmax(scores[rest], dim=-1), u[rest])
+    return picks
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The position where each row's cumulative ``probs`` ([m, w]) first exceeds ``u`` ([m]) of it.
+
+    Entries of probability 0 (removed, or underflowed) never come out: the cumulative sum
+    does not grow on them, and a uniform that rounding pushes to the total mass falls
+    back to the last entry that reaches it, which has a positive probability.
+    """
+    # float64 sums keep the steps of tiny probabilities that float32 would round away.
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    at = torch.searchsorted(cdf, u[:, None] * total, right=True)
+    last = torch.searchsorted(cdf, total)
+    return torch.minimum(at, last)[:, 0]
