@@ -330,13 +330,13 @@ def test_draws_follow_the_kept_softmax(head, tail, params, bins, refiltered):
 
 def test_inverse_cdf_never_lands_on_a_zero_probability_token():
     """A uniform rounded up to the total mass still picks the last kept token."""
-    from switchyard.engine.sampling import _inverse_cdf
+    from switchyard.engine.inverse_cdf import inverse_cdf
 
     probs = torch.tensor([[0.5, 0.0, 0.5, 0.0, 0.0], [0.0, 0.25, 0.75, 0.0, 0.0]])
     ones = torch.ones(2, dtype=torch.float64)
-    assert _inverse_cdf(probs, ones).tolist() == [2, 2]
-    assert _inverse_cdf(probs, torch.zeros(2, dtype=torch.float64)).tolist() == [0, 1]
-    assert _inverse_cdf(probs, torch.tensor([0.5, 0.25], dtype=torch.float64)).tolist() == [2, 2]
+    assert inverse_cdf(probs, ones).tolist() == [2, 2]
+    assert inverse_cdf(probs, torch.zeros(2, dtype=torch.float64)).tolist() == [0, 1]
+    assert inverse_cdf(probs, torch.tensor([0.5, 0.25], dtype=torch.float64)).tolist() == [2, 2]
 
 
 def test_seeded_rows_ignore_batch_mates_on_a_large_vocabulary():
@@ -366,3 +366,24 @@ def test_seeded_rows_ignore_batch_mates_on_a_large_vocabulary():
     crowd_logits = torch.cat([logits, logits[:2]])
     steps = [[t.token_id for t in sample(crowd_logits, crowd_rows)[:4]] for _ in range(8)]
     assert [list(col) for col in zip(*steps)] == alone
+
+
+def test_inverse_cdf_by_blocks_matches_one_running_sum():
+    """A whole vocabulary is searched block by block; the pick is the one-pass pick."""
+    from switchyard.engine.inverse_cdf import inverse_cdf
+
+    gen = torch.Generator().manual_seed(13)
+    for vocab in (2049, 5000, 49152):
+        probs = torch.softmax(torch.randn(64, vocab, generator=gen) * 3, dim=-1)
+        probs[:, ::7] = 0.0
+        probs[1] = 0.0
+        probs[1, [0, vocab - 1]] = 0.5  # the first and the last entry only
+        u = torch.rand(64, generator=gen, dtype=torch.float64)
+        u[:3] = torch.tensor([0.0, 1.0 - 2.0**-53, 0.5], dtype=torch.float64)
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+        total = cdf[:, -1:].contiguous()
+        one_pass = torch.minimum(torch.searchsorted(cdf, u[:, None] * total, right=True),
+                                 torch.searchsorted(cdf, total))[:, 0]
+        picks = inverse_cdf(probs, u)
+        assert torch.equal(picks, one_pass), vocab
+        assert bool((probs.gather(1, picks[:, None]) > 0).all())

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from switchyard.engine.inverse_cdf import inverse_cdf
 from switchyard.engine.topk_filter import Filtered, filter_candidates
 from switchyard.engine.watermark import WatermarkConfig, apply_watermark
 from switchyard_spec import SamplingParams, TopToken
@@ -358,7 +359,7 @@ def _draw(warped: _Warped, generators: Sequence[torch.Generator | None]) -> torc
     rest: torch.Tensor | None = None
     if f is not None:
         idx = torch.tensor(filtered, device=device)
-        at = _inverse_cdf(torch.softmax(f.cand_scores, dim=-1), u[idx])
+        at = inverse_cdf(torch.softmax(f.cand_scores, dim=-1), u[idx])
         picks[idx] = f.cand_ids.gather(1, at[:, None])[:, 0]
         if f.any_exact:
             # Which rows the filter refiltered is known on the device only (one sync).
@@ -370,22 +371,7 @@ def _draw(warped: _Warped, generators: Sequence[torch.Generator | None]) -> torc
         rest = torch.tensor(whole, dtype=torch.long, device=device)
     # Only these rows pay for a cumulative sum over the whole vocabulary.
     if rest.numel() == n:
-        picks = _inverse_cdf(torch.softmax(scores, dim=-1), u)
+        picks = inverse_cdf(torch.softmax(scores, dim=-1), u)
     elif rest.numel():
-        picks[rest] = _inverse_cdf(torch.softmax(scores[rest], dim=-1), u[rest])
+        picks[rest] = inverse_cdf(torch.softmax(scores[rest], dim=-1), u[rest])
     return picks
-
-
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The position where each row's cumulative ``probs`` ([m, w]) first exceeds ``u`` ([m]) of it.
-
-    Entries of probability 0 (removed, or underflowed) never come out: the cumulative sum
-    does not grow on them, and a uniform that rounding pushes to the total mass falls
-    back to the last entry that reaches it, which has a positive probability.
-    """
-    # float64 sums keep the steps of tiny probabilities that float32 would round away.
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:].contiguous()
-    at = torch.searchsorted(cdf, u[:, None] * total, right=True)
-    last = torch.searchsorted(cdf, total)
-    return torch.minimum(at, last)[:, 0]
