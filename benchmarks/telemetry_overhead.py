@@ -317,8 +317,11 @@ def main() -> None:
                         help=f"which of {', '.join(VARIANTS)} to run; the first is the baseline")
     parser.add_argument("--server-cpus", default=None,
                         help="CPUs for the servers, e.g. 0-6 (default: all but the last one)")
+    parser.add_argument("--model-id", default=None,
+                        help="a model folder for every server (default: the built-in default)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
+    model_flags = ["--model-id", args.model_id] if args.model_id else []
     names = args.variants.split(",")
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -337,7 +340,7 @@ def main() -> None:
     results: dict[str, list[Phase]] = {name: [] for name in names}
     try:
         for name in names:
-            flags = [flag.format(otlp=otlp) for flag in VARIANTS[name]]
+            flags = [flag.format(otlp=otlp) for flag in VARIANTS[name]] + model_flags
             servers[name] = start_server(name, flags, log_dir, server_cpus)
         for proc, url in servers.values():  # warm all: caches, allocator, first requests
             run_phase(proc, url, args, spec, 3.0)
@@ -404,6 +407,7 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "variants": summary, "rounds": args.rounds, "duration_s": args.duration,
             "concurrency": args.concurrency, "new_tokens": args.new_tokens,
+            "model_id": args.model_id or "default",
             "otlp_exports": collector.exports.value}, indent=2))
 
 
