@@ -125,11 +125,24 @@ def test_fused_projections_give_the_same_logits(bias):
         before = model(ids).logits
         report = pack_linears(model)
         after = model(ids).logits
-    assert report.fused_groups == 4 and report.packed == 0  # fp32: fused, not packed
+    # 2 layers x 2 groups, each group one packed matmul, plus o_proj, down_proj, lm_head
+    assert report.fused_groups == 4 and report.packed == 4 + 2 * 2 + 1
+    assert report.describe() == "oneDNN-packed float32 (9 linears, 4 fused groups)"
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, FusedSibling)
     assert isinstance(layer.mlp.up_proj, FusedSibling)
+    assert isinstance(layer.self_attn.o_proj, PackedLinear)
+    assert isinstance(model.lm_head, PackedLinear)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+def test_fp16_linears_are_fused_but_left_stock():
+    model = tiny_llama(torch.float16)
+    report = pack_linears(model)
+    assert report.fused_groups == 4 and report.packed == 0
+    assert report.reason == "weights are float16"
+    assert type(model.lm_head) is torch.nn.Linear
+    assert report.describe() == "stock, 4 fused groups (weights are float16)"
 
 
 def test_bf16_linears_are_packed_where_the_cpu_can():
