@@ -8,9 +8,10 @@ architecture code:
   its blocked layout, so no step pays for that reorder and every matmul takes
   oneDNN's kernels rather than the BLAS behind ``F.linear``. Measured on the
   SmolLM2-135M shape: in bf16 (AVX-512 machine) a weight sweep streams 22 GB/s
-  instead of 17; in fp32 on a 2-core AMD EPYC (AVX2) a sweep takes 30-34 ms
-  instead of 52 at one row and 82-96 ms instead of 147 at 32 rows, where MKL's
-  sgemm runs far below the core's FMA peak. bf16 packing needs AVX-512 or
+  instead of 17; in fp32 on a 2-core AMD EPYC (AVX2), where MKL's sgemm runs
+  far below the cores' FMA peak, a sweep takes 41 ms instead of 54 at one row,
+  59 instead of 107 at 8 and 98 instead of 171 at 32
+  (``benchmarks/cpu_path/linear_sweep.py``). bf16 packing needs AVX-512 or
   AVX-NE-CONVERT;
 - projections that read the same input, ``q_proj``/``k_proj``/``v_proj`` and
   ``gate_proj``/``up_proj`` in Llama, Mistral, Qwen2 and kin, run as one
@@ -41,21 +42,15 @@ SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"),
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 """Weight dtypes oneDNN's linear takes in a packed layout."""
 
-FP32_BATCH_HINT = 64
-"""Rows the fp32 layout is chosen for. oneDNN picks the blocking from this hint;
-measured on the 135M shape (2-core EPYC), 64 costs 3% at one row against a
-hint of 1 and wins 20-40% at 32 to 256 rows against no hint."""
-
-
 class PackedLinear(torch.nn.Module):
     """An fp32 or bf16 ``nn.Linear`` whose weight is held in oneDNN's packed layout."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        # bf16 keeps oneDNN's own choice (measured that way on AVX-512); fp32 takes the hint.
-        hint = FP32_BATCH_HINT if weight.dtype == torch.float32 else None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), hint)
+        # No batch-size hint: oneDNN's default layout measured as fast as one
+        # tuned for 64 rows at 1 to 64 rows (benchmarks/cpu_path/linear_sweep.py).
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().clone(),
                              persistent=False)
