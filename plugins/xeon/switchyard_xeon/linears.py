@@ -42,6 +42,7 @@ SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"),
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 """Weight dtypes oneDNN's linear takes in a packed layout."""
 
+
 class PackedLinear(torch.nn.Module):
     """An fp32 or bf16 ``nn.Linear`` whose weight is held in oneDNN's packed layout."""
 
