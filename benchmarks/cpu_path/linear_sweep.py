@@ -10,6 +10,10 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 
 ``packed:HINT`` reorders the weights once for a batch-size hint of HINT rows
 (``none``: oneDNN's default); it is what ``switchyard_xeon.linears`` does at load.
+``int8`` is weight-only int8 with per-row scales (``torch._weight_int8pack_mm``),
+and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
+W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
+candidates for batch-1 decode that the engine does not use.
 """
 
 from __future__ import annotations
@@ -26,6 +30,55 @@ from common import SMALL
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 
+GEMV_SOURCE = r"""
+#include <torch/extension.h>
+#include <immintrin.h>
+// y[m, n] = x[m, :] . w[n, :] for few rows m: each thread streams its share of
+// W's rows once per row of x, four rows of W at a time (x stays in L1).
+torch::Tensor gemv(torch::Tensor x, torch::Tensor w) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const float* X = x.data_ptr<float>();
+  const float* W = w.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  #pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += 4) {
+    const int64_t rows = std::min<int64_t>(4, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = X + m * K;
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps(), _mm256_setzero_ps()};
+      int64_t k = 0;
+      if (rows == 4) {
+        for (; k + 8 <= K; k += 8) {
+          const __m256 xv = _mm256_loadu_ps(xr + k);
+          for (int j = 0; j < 4; ++j)
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(W + (n0 + j) * K + k), xv, acc[j]);
+        }
+      }
+      for (int64_t j = 0; j < rows; ++j) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[j]);
+        float sum = 0.f;
+        for (float v : lanes) sum += v;
+        for (int64_t kk = k; kk < K; ++kk) sum += W[(n0 + j) * K + kk] * xr[kk];
+        Y[m * N + n0 + j] = sum;
+      }
+    }
+  }
+  return y;
+}
+"""
+
+
+def gemv_module():  # noqa: ANN201 - a torch extension module
+    """Build (or load from torch's cache) the ``gemv`` kernel."""
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline("linear_sweep_gemv", cpp_sources=GEMV_SOURCE, functions=["gemv"],
+                       extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                       extra_ldflags=["-fopenmp"])
+
 
 def step_shapes(cfg: dict = SMALL) -> list[tuple[int, int]]:
     """(out, in) of each matmul of one decode step, fused as the engine fuses them."""
@@ -38,6 +91,14 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     """A callable x -> x @ weight.T for the variant ``name``."""
     if name == "F.linear":
         return lambda x: F.linear(x, weight)
+    if name == "int8":
+        scales = weight.float().abs().amax(1).clamp(min=1e-8) / 127
+        q = (weight.float() / scales[:, None]).round().to(torch.int8).contiguous()
+        scales = scales.to(weight.dtype)
+        return lambda x: torch._weight_int8pack_mm(x, q, scales)
+    if name == "gemv":
+        kernel = gemv_module().gemv
+        return lambda x: kernel(x, weight)
     hint_text = name.removeprefix("packed:")
     hint = None if hint_text == "none" else int(hint_text)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, hint)
