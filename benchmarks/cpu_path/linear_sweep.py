@@ -19,6 +19,7 @@ candidates for batch-1 decode that the engine does not use.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -71,8 +72,9 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w) {
 """
 
 
-def gemv_module():  # noqa: ANN201 - a torch extension module
-    """Build (or load from torch's cache) the ``gemv`` kernel."""
+@functools.cache
+def gemv_module() -> object:
+    """Build (or load from torch's cache) the ``gemv`` kernel, once per process."""
     from torch.utils.cpp_extension import load_inline
 
     return load_inline("linear_sweep_gemv", cpp_sources=GEMV_SOURCE, functions=["gemv"],
@@ -97,7 +99,7 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
         scales = scales.to(weight.dtype)
         return lambda x: torch._weight_int8pack_mm(x, q, scales)
     if name == "gemv":
-        kernel = gemv_module().gemv
+        kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
     hint_text = name.removeprefix("packed:")
     hint = None if hint_text == "none" else int(hint_text)

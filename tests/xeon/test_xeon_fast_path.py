@@ -194,3 +194,21 @@ def test_engine_options_are_checked(make_engine):
         make_engine({"attention": "flash"})
     with pytest.raises(EngineStartError, match="linears"):
         make_engine({"linears": "fast"})
+
+
+def test_models_whose_attention_the_engine_lacks_are_refused_at_start():
+    """Soft-capped (Gemma 2) and sink (gpt-oss) attention fail start-up, not every request."""
+    from switchyard_spec import EngineStartError
+    from switchyard_xeon.runner import check_supported
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
+
+    small = dict(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16)
+    gemma = Gemma2ForCausalLM(Gemma2Config(intermediate_size=48, **small))
+    with pytest.raises(EngineStartError, match="soft-caps"):
+        check_supported(gemma)
+    gpt_oss = GptOssForCausalLM(GptOssConfig(intermediate_size=32, num_local_experts=2,
+                                             num_experts_per_tok=1, **small))
+    with pytest.raises(EngineStartError, match="sinks"):
+        check_supported(gpt_oss)
+    check_supported(tiny_llama(torch.float32))  # the families the engine serves pass

@@ -29,13 +29,19 @@ def check_supported(model: torch.nn.Module) -> None:
     """Raise EngineStartError unless the architecture can run on the packed path.
 
     The engine needs transformers' pluggable attention (to reach its cache)
-    and ``logits_to_keep`` (to project only last tokens onto the vocabulary).
+    and ``logits_to_keep`` (to project only last tokens onto the vocabulary),
+    and its attention supports neither logit soft-capping nor attention sinks.
     """
     name = type(model).__name__
     if not getattr(type(model), "_supports_attention_backend", False):
         raise EngineStartError(f"{name} does not use transformers' attention interface")
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise EngineStartError(f"{name}.forward does not accept logits_to_keep")
+    # The packed attention has neither: refuse the model now rather than fail every request.
+    if getattr(getattr(model, "config", None), "attn_logit_softcapping", None):
+        raise EngineStartError(f"{name} soft-caps attention logits, which the engine does not support")
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        raise EngineStartError(f"{name} uses attention sinks, which the engine does not support")
 
 
 @dataclass
