@@ -42,7 +42,8 @@ from switchyard_xeon.engine import XeonEngine  # noqa: E402
 def run_wave(engine: XeonEngine, streams: int, prompt: int, new: int, vocab: int,
              tag: str) -> dict[str, float]:
     """Submit ``streams`` requests at once; wait for all; timings of the wave."""
-    done = threading.Barrier(streams + 1)
+    # The sink runs on the engine's thread: it must never block, or the engine stalls.
+    done = threading.Semaphore(0)
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -57,7 +58,7 @@ def run_wave(engine: XeonEngine, streams: int, prompt: int, new: int, vocab: int
         if event.finish_reason is not None or event.error is not None:
             if event.error:
                 print(f"  {rid}: {event.error}", file=sys.stderr)
-            done.wait()
+            done.release()
 
     start = time.perf_counter()
     for i in range(streams):
@@ -66,7 +67,8 @@ def run_wave(engine: XeonEngine, streams: int, prompt: int, new: int, vocab: int
             request_id=f"{tag}-{i}", prompt_token_ids=ids, sampling=SamplingParams(),
             stopping=StoppingParams(max_new_tokens=new, ignore_eos=True), logprobs=False,
         ), sink)
-    done.wait()
+    for _ in range(streams):
+        done.acquire()
     end = max(last.values())
     tokens = sum(counts.values())
     decode = [(last[r] - first[r]) / max(1, counts[r] - 1) for r in first]

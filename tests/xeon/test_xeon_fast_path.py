@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from switchyard_xeon.engine import XeonEngine
-from switchyard_xeon.kernels import load_paged_attention
+from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import paged_decode_reference
 from switchyard_xeon.linears import FusedSibling, PackedLinear, _check_packing, pack_linears
 
@@ -75,7 +75,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def kernel() -> Callable[..., torch.Tensor]:
     """The built kernel: it must build wherever the tests run (g++ and ninja are deps)."""
-    status = load_paged_attention()
+    status = load_kernels()
     assert status.fn is not None, status.reason
     return status.fn
 

@@ -100,17 +100,33 @@ def packed_attention(
     if softcap is not None or s_aux is not None:
         raise NotImplementedError("attention soft-capping and sinks are not supported yet")
     layer = int(module.layer_idx)
+    step.cache.write(layer, step.slots, key[0], value[0])  # the step's new keys/values, one copy
+    out = attend_packed(layer, query[0], key[0], value[0], step, scaling, sliding_window)
+    return out.unsqueeze(0), None
+
+
+def attend_packed(
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    step: StepMetadata,
+    scaling: float | None,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Attention of layer ``layer`` for a packed batch whose new keys/values are already cached.
+
+    ``q`` is [heads, T, head_dim], ``k``/``v`` [kv_heads, T, head_dim] (the new
+    tokens; views of wider buffers are fine). Returns [T, heads, head_dim].
+    """
     cache = step.cache
-    q, k, v = query[0], key[0], value[0]
-    cache.write(layer, step.slots, k, v)  # the whole step's new keys/values in one copy
     dec = step.decode
     if dec is not None:
         window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
         if dec.rows is None:  # every token decodes: the kernel's output is the whole answer
-            o = dec.kernel(query[0].transpose(0, 1).contiguous(), cache.keys[layer],
-                           cache.values[layer], dec.tables, dec.lens, scale, window)
-            return o.unsqueeze(0), None
+            return dec.kernel(_dense_heads(q.transpose(0, 1)), cache.keys[layer],
+                              cache.values[layer], dec.tables, dec.lens, scale, window)
         qd = q.index_select(1, dec.rows).transpose(0, 1).contiguous()
         o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
                        scale, window)
@@ -129,7 +145,14 @@ def packed_attention(
             values = context(cached_v, span[0], span[1], length)
         result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window)
         out[off : off + n] = result.transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out
+
+
+def _dense_heads(q: torch.Tensor) -> torch.Tensor:
+    """``q`` [T, heads, D] as the kernel takes it: heads dense, any row stride (no copy if so)."""
+    if q.stride(2) == 1 and q.stride(1) == q.shape[2]:
+        return q
+    return q.contiguous()
 
 
 def _attend(

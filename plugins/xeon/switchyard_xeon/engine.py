@@ -55,9 +55,16 @@ from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.events import deliver, emit, record_results
 from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
-from switchyard_xeon.kernels import PagedDecodeFn, load_paged_attention
+from switchyard_xeon.decoder import (
+    LlamaFamilyDecoder,
+    PackedForward,
+    TransformersForward,
+    decoder_unsupported,
+)
+from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
+from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
-from switchyard_xeon.linears import PackReport, pack_linears
+from switchyard_xeon.linears import pack_linears
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
 from switchyard_xeon.sequence import Sequence
@@ -168,7 +175,7 @@ class XeonEngine(Engine):
         )
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        kernel = self._fast_path(loaded.model)
+        forward, kernel = self._fast_path(loaded.model)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()
@@ -187,7 +194,7 @@ class XeonEngine(Engine):
             limits.waiting_served_ratio, limits.max_waiting_tokens,
         )
         self.info = loaded.info
-        self._runner = ModelRunner(loaded.model, cache, blocks, kernel)
+        self._runner = ModelRunner(forward, cache, blocks, kernel)
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)
@@ -196,29 +203,37 @@ class XeonEngine(Engine):
         self._thread.start()
         return loaded.info
 
-    def _fast_path(self, model: torch.nn.Module) -> PagedDecodeFn | None:
-        """Pack the linears and load the paged decode kernel, as the options allow; log both.
+    def _fast_path(self, model: torch.nn.Module) -> tuple[PackedForward, PagedDecodeFn | None]:
+        """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
-        Options: ``linears`` (``packed``, the default, or ``stock``) and
-        ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
-        never). Returns the kernel, or None for the portable path.
+        Options: ``linears`` (``packed``, the default, or ``stock``: fused but
+        not packed), ``attention`` (``auto``: the native kernel when it builds;
+        ``sdpa``: never) and ``forward`` (``auto``: the hand-written decoder for
+        the Llama family, transformers' forward for other architectures;
+        ``transformers``: always the latter). Logs each choice; returns the
+        forward pass and the decode kernel (None for the portable path).
         """
         options = self.config.options
-        linears = str(options.get("linears", "packed")).lower()
-        if linears not in ("packed", "stock"):
-            raise EngineStartError(f"xeon option linears must be packed or stock, not {linears!r}")
-        mode = str(options.get("attention", "auto")).lower()
-        if mode not in ("auto", "sdpa"):
-            raise EngineStartError(f"xeon option attention must be auto or sdpa, not {mode!r}")
-        report = pack_linears(model) if linears == "packed" else PackReport(reason="linears=stock")
+        linears = _option(options, "linears", ("packed", "stock"))
+        mode = _option(options, "attention", ("auto", "sdpa"))
+        forward_mode = _option(options, "forward", ("auto", "transformers"))
+        report = pack_linears(model, pack=linears == "packed")
         logger.info("linears: %s", report.describe())
+        status = load_kernels()
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
-            return None
-        status = load_paged_attention()
-        logger.info("decode attention: %s", status.reason if status.fn else
-                    f"SDPA per sequence; {status.reason}")
-        return status.fn
+        else:
+            logger.info("decode attention: %s", status.reason if status.fn else
+                        f"SDPA per sequence; {status.reason}")
+        kernel = status.fn if mode == "auto" else None
+        why = "forward=transformers" if forward_mode == "transformers" else decoder_unsupported(model)
+        if why:
+            logger.info("forward: transformers' (%s)", why)
+            return TransformersForward(model), kernel
+        ops = status.fused or TorchFusedOps()
+        logger.info("forward: hand-written Llama-family decoder, %s",
+                    "native fused ops (C++)" if status.fused else "PyTorch ops (no native kernels)")
+        return LlamaFamilyDecoder(model, ops), kernel
 
     def warmup(self) -> WarmupReport:
         """Push one small request (prefill and decode) through the loop and wait for it."""
@@ -463,3 +478,12 @@ class XeonEngine(Engine):
         if sched is not None:
             self._publish_stats()
 
+
+
+def _option(options: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """The engine option ``name`` (default: the first choice); EngineStartError if not a choice."""
+    value = str(options.get(name, choices[0])).lower()
+    if value not in choices:
+        raise EngineStartError(
+            f"xeon option {name} must be {' or '.join(choices)}, not {value!r}")
+    return value

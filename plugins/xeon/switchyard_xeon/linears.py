@@ -124,13 +124,14 @@ class PackReport:
         return f"oneDNN-packed {self.dtype} ({self.packed} linears, {fused})"
 
 
-def pack_linears(model: torch.nn.Module, fuse: bool = True) -> PackReport:
+def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
     Packing bf16 needs oneDNN's bf16 reorder, which wants AVX-512 (or
-    AVX-NE-CONVERT); where packing is unavailable, disagrees with ``F.linear``
-    or the weights are of another dtype (fp16, mixed) the linears stay stock and
-    only the fusion applies (one plain matmul per group: fewer calls in any dtype).
+    AVX-NE-CONVERT); where packing is unavailable (or ``pack`` is False),
+    disagrees with ``F.linear`` or the weights are of another dtype (fp16,
+    mixed) the linears stay stock and only the fusion applies (one plain matmul
+    per group: fewer calls in any dtype).
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears:
@@ -138,7 +139,9 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True) -> PackReport:
     reason = ""
     dtypes = {m.weight.dtype for m in linears}
     dtype = next(iter(dtypes))
-    if len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
+    if not pack:
+        reason = "linears=stock"
+    elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
         reason = _check_packing(linears[0])
@@ -192,8 +195,18 @@ def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.
     shared = _SharedMatmul(linear, [m.out_features for m in group])
     for index, (name, module) in enumerate(zip(names, group, strict=True)):
         setattr(parent, name, FusedSibling(shared, index, module.out_features))
-    # The shared matmul is no submodule of anyone: keep it reachable for inspection.
-    parent.register_module("_fused_" + "_".join(names), shared.linear)
+    # The shared matmul is no submodule of anyone: keep it reachable (inspection, the decoder).
+    parent.register_module(_fused_name(names), shared.linear)
+
+
+def _fused_name(names: tuple[str, ...]) -> str:
+    return "_fused_" + "_".join(names)
+
+
+def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Module | None:
+    """The one matmul :func:`pack_linears` made of ``parent``'s children ``names``, if it did."""
+    module = getattr(parent, _fused_name(names), None)
+    return module if isinstance(module, torch.nn.Module) else None
 
 
 def _check_packing(sample: torch.nn.Linear) -> str:

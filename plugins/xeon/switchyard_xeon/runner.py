@@ -18,8 +18,9 @@ from switchyard.engine.logprobs import token_logprobs
 from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError
 
-from switchyard_xeon.attention import STEP_KWARG, DecodeRows, StepMetadata
+from switchyard_xeon.attention import DecodeRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
+from switchyard_xeon.decoder import PackedForward
 from switchyard_xeon.kernels import PagedDecodeFn
 from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
@@ -98,20 +99,22 @@ def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
 
 
 class ModelRunner:
-    """Runs a transformers causal LM over a packed batch against the paged cache.
+    """Runs a causal LM's forward pass over a packed batch against the paged cache.
 
-    With a ``decode_kernel`` (see :mod:`switchyard_xeon.kernels`), every
-    sequence that feeds one token after cached context is attended in one
-    kernel call per layer; without one, each sequence takes the SDPA path.
+    ``forward`` is transformers' own or the hand-written decoder (see
+    :mod:`switchyard_xeon.decoder`). With a ``decode_kernel`` (see
+    :mod:`switchyard_xeon.kernels`), every sequence that feeds one token after
+    cached context is attended in one kernel call per layer; without one, each
+    sequence takes the SDPA path.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, blocks: BlockManager,
+    def __init__(self, forward: PackedForward, cache: PagedKVCache, blocks: BlockManager,
                  decode_kernel: PagedDecodeFn | None = None) -> None:
-        self.model = model
+        self._forward = forward
         self.cache = cache
         self.blocks = blocks
         self.decode_kernel = decode_kernel
-        self.device = next(model.parameters()).device
+        self.device = cache.device
 
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
         """Feed every sequence its ``num_scheduled`` tokens; choose the next token where due.
@@ -192,15 +195,12 @@ class ModelRunner:
         )
         if keep is None:
             keep = last
-        out = self.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            use_cache=False,
-            # Only the kept positions reach lm_head: no [T, vocab] logits for plain requests.
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-            **{STEP_KWARG: meta},
+        return self._forward(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            torch.tensor(keep, dtype=torch.long, device=self.device),
+            meta,
         )
-        return out.logits[0]
 
     def _decode_rows(self, rows: list[int], tables: list[list[int]], lens: list[int],
                      total: int) -> DecodeRows | None:

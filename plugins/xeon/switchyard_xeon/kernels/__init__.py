@@ -1,15 +1,21 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Today one kernel: :func:`paged_decode_attention` (``paged_attention.cpp``),
-decode attention that walks the block tables of the paged cache in place. It
-is compiled with ``torch.utils.cpp_extension`` for this CPU (``-march=native``:
-AVX-512 where there is some) into torch's extension cache, once per machine
-and source version (about 30 s of CPU; later starts load the cached library),
-and registered as the torch operator ``switchyard_xeon::paged_decode_attention``.
+Two sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
-A machine without a C++ compiler still serves: :func:`load_paged_attention`
-returns None with the reason, and attention takes the portable SDPA path.
-The built kernel is checked against that path before it is trusted.
+- ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
+  the block tables of the paged cache in place;
+- ``fused_ops.cpp``: the fused steps of a Llama-family layer the hand-written
+  decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`).
+
+They are compiled with ``torch.utils.cpp_extension`` for this CPU
+(``-march=native``: AVX-512 where there is some) into torch's extension cache,
+once per machine and source version (about 30 s of CPU; later starts load the
+cached library).
+
+A machine without a C++ compiler still serves: :func:`load_kernels` returns
+no kernels with the reason, attention takes the portable SDPA path and the
+decoder the PyTorch ops of :class:`~switchyard_xeon.kernels.reference.TorchFusedOps`.
+The built kernels are checked against those paths before they are trusted.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 logger = logging.getLogger("switchyard.xeon")
 
-_SOURCE = Path(__file__).with_name("paged_attention.cpp")
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp"))
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
 PagedDecodeFn = Callable[
@@ -38,23 +45,70 @@ PagedDecodeFn = Callable[
 scale, window) -> [B, H, D]``; ``window`` 0 means no sliding window."""
 
 
+class FusedOps(Protocol):
+    """The fused steps of a Llama-family decoder layer, on row-major [tokens, n] tensors.
+
+    Implemented natively (``fused_ops.cpp``) and in PyTorch
+    (:class:`~switchyard_xeon.kernels.reference.TorchFusedOps`); both follow
+    transformers' op order and rounding.
+    """
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """A new tensor: ``weight * x * rsqrt(mean(x^2) + eps)`` per row (RMSNorm)."""
+        ...
+
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> None:
+        """In place: ``residual += x``, then ``x = rms_norm(residual, weight, eps)``."""
+        ...
+
+    def rotary_store_(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                      heads: int, kv_heads: int) -> None:
+        """Rotate ``qkv``'s query and key heads in place; store its keys and values.
+
+        ``qkv`` is [T, (heads + 2 kv_heads) * head_dim] (queries, keys, values);
+        ``cos``/``sin`` are [T, R] from the model's rotary module (the first R
+        dims of each head rotate, transformers' rotate-half convention); token
+        ``t``'s key and value go to slot ``slots[t]`` (int64) of the
+        [kv_heads, blocks, block_size, head_dim] pools.
+        """
+        ...
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """A new [T, n] tensor ``silu(x[:, :n]) * x[:, n:]`` for ``x`` [T, 2n]."""
+        ...
+
+
+class NativeFusedOps:
+    """:class:`FusedOps` backed by the operators ``fused_ops.cpp`` registers."""
+
+    def __init__(self) -> None:
+        ops = torch.ops.switchyard_xeon
+        self.rms_norm = ops.rms_norm
+        self.add_rms_norm_ = ops.add_rms_norm_
+        self.rotary_store_ = ops.rotary_store_
+        self.silu_and_mul = ops.silu_and_mul
+
+
 @dataclass(frozen=True)
 class KernelStatus:
-    """Whether the native paged attention is in use, and why (for the start-up log)."""
+    """Which native kernels are in use, and why (for the start-up log)."""
 
     fn: PagedDecodeFn | None
     reason: str
+    fused: FusedOps | None = None
 
 
 _lock = threading.Lock()
 _status: KernelStatus | None = None
 
 
-def load_paged_attention() -> KernelStatus:
-    """Build (or load from the cache) and check the paged decode-attention kernel; never raises.
+def load_kernels() -> KernelStatus:
+    """Build (or load from the cache) and check the native kernels; never raises.
 
     The first call in a process does the work; later calls return its result.
-    ``SWITCHYARD_XEON_KERNELS=0`` turns the kernel off.
+    ``SWITCHYARD_XEON_KERNELS=0`` turns them off.
     """
     global _status
     with _lock:
@@ -70,11 +124,11 @@ def _load() -> KernelStatus:
         op = _build()
     except Exception as exc:  # no compiler, no ninja, odd platform: serve without it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return KernelStatus(None, f"native kernel unavailable ({first[:200]})")
-    error = _self_check(op)
+        return KernelStatus(None, f"native kernels unavailable ({first[:200]})")
+    error = _self_check(op) or _self_check_fused(NativeFusedOps())
     if error:
-        return KernelStatus(None, f"native kernel failed its check ({error})")
-    return KernelStatus(op, "native paged attention (C++)")
+        return KernelStatus(None, f"native kernels failed their check ({error})")
+    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps())
 
 
 def _build() -> PagedDecodeFn:
@@ -82,16 +136,16 @@ def _build() -> PagedDecodeFn:
     from torch.utils import cpp_extension
 
     _ninja_on_path()
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     # -march=native code is only valid on CPUs like this one: the name carries the
     # source, the flags and the CPU's features, so a shared cache never mixes them up.
     key = hashlib.sha256(
         source + " ".join(_CFLAGS).encode() + _cpu_signature().encode() + torch.__version__.encode()
     ).hexdigest()[:12]
-    logger.info("building native paged attention (once per machine; cached by torch)")
+    logger.info("building native kernels (once per machine; cached by torch)")
     cpp_extension.load(
         name=f"switchyard_xeon_kernels_{key}",
-        sources=[str(_SOURCE)],
+        sources=[str(path) for path in _SOURCES],
         extra_cflags=_CFLAGS,
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
@@ -123,7 +177,7 @@ def _cpu_signature() -> str:
 
 
 def _self_check(op: PagedDecodeFn) -> str:
-    """Compare the kernel with plain SDPA on a small scattered cache; '' when they agree."""
+    """Compare the attention kernel with plain SDPA on a small scattered cache; '' when they agree."""
     from switchyard_xeon.kernels.reference import paged_decode_reference
 
     gen = torch.Generator().manual_seed(0)
@@ -142,4 +196,43 @@ def _self_check(op: PagedDecodeFn) -> str:
         err = (got.float() - want.float()).abs().max().item()
         if not err <= tol:
             return f"{dtype} max error {err:.3g} > {tol}"
+    return ""
+
+
+def _self_check_fused(ops: FusedOps) -> str:
+    """Compare the fused ops with their PyTorch definitions; '' when they agree."""
+    from switchyard_xeon.kernels.reference import TorchFusedOps
+
+    ref = TorchFusedOps()
+    gen = torch.Generator().manual_seed(1)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(dtype)
+
+        try:
+            x, res, w = rand(5, 96), rand(5, 96), rand(96)
+            pairs = [(ops.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))]
+            got_x, got_r, want_x, want_r = x.clone(), res.clone(), x.clone(), res.clone()
+            ops.add_rms_norm_(got_x, got_r, w, 1e-6)
+            ref.add_rms_norm_(want_x, want_r, w, 1e-6)
+            pairs += [(got_x, want_x), (got_r, want_r)]
+            gate_up = rand(3, 64)
+            pairs.append((ops.silu_and_mul(gate_up), ref.silu_and_mul(gate_up)))
+            heads, kv_heads, dim, rot = 4, 2, 16, 12  # partial rotary, as Phi-3 may use
+            qkv, cos, sin = rand(3, (heads + 2 * kv_heads) * dim), rand(3, rot), rand(3, rot)
+            slots = torch.tensor([5, 0, 9])
+            results = []
+            for impl in (ops, ref):
+                buf = qkv.clone()
+                k_pool, v_pool = torch.zeros(2, kv_heads, 3, 4, dim, dtype=dtype)
+                impl.rotary_store_(buf, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
+                results.append((buf, k_pool, v_pool))
+            pairs += list(zip(*results, strict=True))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        for got, want in pairs:
+            err = (got.float() - want.float()).abs().max().item()
+            scale = max(1.0, want.float().abs().max().item())
+            if not err <= tol * scale:
+                return f"fused op {dtype} max error {err:.3g} > {tol * scale:.3g}"
     return ""

@@ -37,6 +37,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
   const int64_t kv_heads = k_pool.size(0), num_blocks = k_pool.size(1);
   const int64_t block_size = k_pool.size(2), max_blocks = tables.size(1);
   const int64_t group = heads / kv_heads;
+  const int64_t q_stride = q.stride(0);  // rows may be views into a wider q|k|v buffer
   const T* qp = q.data_ptr<T>();
   const T* kp = k_pool.data_ptr<T>();
   const T* vp = v_pool.data_ptr<T>();
@@ -55,7 +56,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
       if (span <= 0) continue;
       scores.resize(group * span);
       const int32_t* table = tp + b * max_blocks;
-      const T* qrow = qp + (b * heads + h * group) * D;
+      const T* qrow = qp + b * q_stride + h * group * D;
       for (int64_t i = 0; i < group * D; ++i) qf[i] = static_cast<float>(qrow[i]) * fscale;
       const T* kbase = kp + h * num_blocks * block_size * D;
       const T* vbase = vp + h * num_blocks * block_size * D;
@@ -124,10 +125,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
               "paged_decode_attention: block_tables and context_lens must be int32");
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
               "paged_decode_attention: one block table and length per query");
-  TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "paged_decode_attention: q's heads must be dense (any row stride)");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() &&
               block_tables.is_contiguous() && context_lens.is_contiguous(),
               "paged_decode_attention: inputs must be contiguous");
-  at::Tensor out = at::empty_like(q);
+  at::Tensor out = at::empty(q.sizes(), q.options());
   if (q.scalar_type() == at::kFloat) {
     dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
   } else if (q.scalar_type() == at::kBFloat16) {

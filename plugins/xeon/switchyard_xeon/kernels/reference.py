@@ -49,3 +49,48 @@ def paged_decode_reference(
         attn_mask=mask[:, None, None, :], scale=scale,
     )
     return out.reshape(batch, heads, dim)
+
+
+class TorchFusedOps:
+    """The fused decoder-layer steps written as plain PyTorch ops (:class:`FusedOps`).
+
+    The hand-written decoder's fallback where no kernel could be built, and the
+    reference the native ones are checked against. Each follows transformers'
+    own op sequence (and so its bf16 rounding).
+    """
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``weight * x / rms(x)``, computed in fp32 and rounded to ``x``'s dtype before the scale."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> None:
+        """In place: ``residual += x``, then ``x = rms_norm(residual)``."""
+        residual.add_(x)
+        x.copy_(self.rms_norm(residual, weight, eps))
+
+    def rotary_store_(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                      heads: int, kv_heads: int) -> None:
+        """Rotate the q and k heads of ``qkv`` in place; store k and v at ``slots`` of the pools."""
+        tokens = qkv.shape[0]
+        dim = qkv.shape[1] // (heads + 2 * kv_heads)
+        rot = cos.shape[1]
+        qk = qkv[:, : (heads + kv_heads) * dim].view(tokens, heads + kv_heads, dim)
+        part = qk[..., :rot]
+        c, s = cos[:, None, :], sin[:, None, :]
+        half = rot // 2
+        rotated = torch.cat((-part[..., half:], part[..., :half]), dim=-1)
+        part.copy_(part * c + rotated * s)
+        flat = (kv_heads, k_pool.shape[1] * k_pool.shape[2], dim)
+        k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+        v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+        k_pool.view(flat).index_copy_(1, slots, k.transpose(0, 1))
+        v_pool.view(flat).index_copy_(1, slots, v.transpose(0, 1))
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` for ``x`` = gate | up along the last axis."""
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

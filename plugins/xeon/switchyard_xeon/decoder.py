@@ -1,0 +1,174 @@
+"""The engine's two forward passes over a packed batch: transformers' own, and a hand-written one.
+
+Both are a :class:`PackedForward`: token ids and positions of the step's
+packed row in, logits at the kept positions out. :class:`TransformersForward`
+calls the model as transformers defines it (the engine's attention plugged in
+through the attention interface): any architecture the engine accepts runs
+there. :class:`LlamaFamilyDecoder` runs the same weights for Llama, Mistral,
+Qwen2 and Phi-3 with the per-layer plumbing written out: per layer and step,
+nine calls (norm, q|k|v, rotary + cache store, attention, o_proj, norm,
+gate|up, SiLU·up, down) instead of ~140 small ops and transformers' module
+machinery. At one token per step that plumbing, not arithmetic, is what a
+step is made of beside the weight stream.
+
+Transformers stays the source of the weights (its modules, packed or not, are
+called as they are) and of the rotary frequencies (its rotary module handles
+every rope scaling), so the decoder only re-states the layer's data flow.
+:func:`decoder_unsupported` says why a model cannot take it; the engine then
+uses :class:`TransformersForward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from switchyard_xeon.attention import STEP_KWARG, StepMetadata, attend_packed
+from switchyard_xeon.kernels import FusedOps
+from switchyard_xeon.linears import fused_module
+
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
+"""Architectures whose layers the hand-written decoder reproduces exactly."""
+
+
+class PackedForward(Protocol):
+    """One forward pass over a packed batch."""
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
+                 step: StepMetadata) -> torch.Tensor:
+        """Logits [len(keep), vocab] at packed positions ``keep``.
+
+        ``ids`` and ``positions`` are int64 [T]; ``step`` says where every token
+        lives in the paged cache (the pass stores the new keys and values there).
+        """
+        ...
+
+
+class TransformersForward:
+    """The model's own ``forward``, with the engine's attention and only kept rows projected."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
+                 step: StepMetadata) -> torch.Tensor:
+        """See :class:`PackedForward`."""
+        out = self.model(
+            input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
+            # Only the kept positions reach lm_head: no [T, vocab] logits for plain requests.
+            logits_to_keep=keep, **{STEP_KWARG: step},
+        )
+        return out.logits[0]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """What one decoder layer needs, taken from transformers' modules."""
+
+    index: int
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    qkv: torch.nn.Module
+    o_proj: torch.nn.Module
+    gate_up: torch.nn.Module
+    down: torch.nn.Module
+    scaling: float
+    window: int | None
+
+
+def decoder_unsupported(model: torch.nn.Module) -> str:
+    """'' when :class:`LlamaFamilyDecoder` can run ``model``, else why not.
+
+    Needs one of :data:`FAMILIES`, SiLU-gated MLPs, RMSNorms of the family's
+    plain kind, and q|k|v and gate|up each as one module (checkpoints such as
+    Phi-3's ship them fused; :func:`~switchyard_xeon.linears.pack_linears`
+    fuses the others).
+    """
+    name = type(model).__name__
+    if name not in FAMILIES:
+        return f"{name} is not one of {', '.join(FAMILIES)}"
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if _qkv(attn) is None or _gate_up(mlp) is None:
+            return "projections are not fused"
+        act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)  # Phi-3's name
+        if type(act).__name__ not in ("SiLU", "SiLUActivation"):
+            return f"activation {type(act).__name__} is not SiLU"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon"):
+                return f"{type(norm).__name__} is not the family's RMSNorm"
+    return ""
+
+
+def _qkv(attn: torch.nn.Module) -> torch.nn.Module | None:
+    return getattr(attn, "qkv_proj", None) or fused_module(attn, ("q_proj", "k_proj", "v_proj"))
+
+
+def _gate_up(mlp: torch.nn.Module) -> torch.nn.Module | None:
+    return getattr(mlp, "gate_up_proj", None) or fused_module(mlp, ("gate_proj", "up_proj"))
+
+
+class LlamaFamilyDecoder:
+    """A Llama-family forward written out over fused ops; see the module docstring.
+
+    Call :func:`decoder_unsupported` first: the constructor assumes the model passed.
+    """
+
+    def __init__(self, model: torch.nn.Module, ops: FusedOps) -> None:
+        config = model.config
+        self.ops = ops
+        self.embed = model.model.embed_tokens
+        self.rotary = model.model.rotary_emb
+        self.final_norm = model.model.norm.weight
+        self.final_eps = float(model.model.norm.variance_epsilon)
+        self.lm_head = model.lm_head
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.layers: list[_Layer] = []
+        for index, layer in enumerate(model.model.layers):
+            attn = layer.self_attn
+            # Qwen2 sets a window per layer; Mistral and Phi-3 read the config's.
+            window = getattr(attn, "sliding_window", getattr(config, "sliding_window", None))
+            self.layers.append(_Layer(
+                index=index,
+                input_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                eps=float(layer.input_layernorm.variance_epsilon),
+                qkv=_qkv(attn),  # type: ignore[arg-type]
+                o_proj=attn.o_proj,
+                gate_up=_gate_up(layer.mlp),  # type: ignore[arg-type]
+                down=layer.mlp.down_proj,
+                scaling=float(attn.scaling),
+                window=window,
+            ))
+        self.head_dim = int(model.model.layers[0].self_attn.head_dim)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
+                 step: StepMetadata) -> torch.Tensor:
+        """See :class:`PackedForward`."""
+        ops, heads, kv_heads, dim = self.ops, self.heads, self.kv_heads, self.head_dim
+        tokens = ids.shape[0]
+        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        residual = self.embed(ids)
+        cos, sin = self.rotary(residual.unsqueeze(0), positions.unsqueeze(0))
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        h = ops.rms_norm(residual, self.layers[0].input_norm, self.layers[0].eps)
+        for i, layer in enumerate(self.layers):
+            if i:
+                ops.add_rms_norm_(h, residual, layer.input_norm, layer.eps)
+            qkv = layer.qkv(h)
+            ops.rotary_store_(qkv, cos, sin, step.cache.keys[i], step.cache.values[i],
+                              step.slots, heads, kv_heads)
+            q = qkv[:, :q_end].view(tokens, heads, dim).transpose(0, 1)
+            k = qkv[:, q_end:k_end].view(tokens, kv_heads, dim).transpose(0, 1)
+            v = qkv[:, k_end:].view(tokens, kv_heads, dim).transpose(0, 1)
+            attended = attend_packed(i, q, k, v, step, layer.scaling, layer.window)
+            h = layer.o_proj(attended.reshape(tokens, q_end))
+            ops.add_rms_norm_(h, residual, layer.post_norm, layer.eps)
+            h = layer.down(ops.silu_and_mul(layer.gate_up(h)))
+        # Only the kept rows need the final norm and the vocabulary projection.
+        last = (residual.index_select(0, keep) + h.index_select(0, keep)).contiguous()
+        return self.lm_head(ops.rms_norm(last, self.final_norm, self.final_eps))

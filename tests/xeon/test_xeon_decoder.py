@@ -1,0 +1,204 @@
+"""The hand-written Llama-family decoder and the fused ops it runs on.
+
+The ops are checked against transformers' own modules and functions, then the
+engine on the decoder against transformers ``generate`` (greedy, token for
+token) for each family it claims: Llama (the default model, everywhere else
+in the suite), Mistral with a sliding window shorter than the prompt, Qwen2
+with biased projections and sliding layers, and Phi-3 with checkpoint-fused
+projections and partial rotary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from switchyard_spec import EngineConfig
+from switchyard_xeon.decoder import (
+    LlamaFamilyDecoder,
+    TransformersForward,
+    decoder_unsupported,
+)
+from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.kernels import load_kernels
+from switchyard_xeon.kernels.reference import TorchFusedOps
+from switchyard_xeon.linears import pack_linears
+
+from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, prompt_of, token_ids
+
+SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             initializer_range=0.1)
+
+
+@pytest.fixture(scope="module")
+def native_ops():
+    status = load_kernels()
+    assert status.fused is not None, status.reason  # g++ and ninja are test dependencies
+    return status.fused
+
+
+@pytest.fixture(params=["native", "torch"])
+def ops(request, native_ops):
+    return native_ops if request.param == "native" else TorchFusedOps()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms_match_transformers_rmsnorm(ops, dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(80, eps=1e-6).to(dtype)
+    norm.weight.data = torch.randn(80, generator=gen).to(dtype)
+    x, residual = (torch.randn(7, 80, generator=gen).to(dtype) for _ in range(2))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ops.rms_norm(x, norm.weight, 1e-6), norm(x), **tol)
+    got_x, got_r = x.clone(), residual.clone()
+    ops.add_rms_norm_(got_x, got_r, norm.weight, 1e-6)
+    torch.testing.assert_close(got_r, residual + x, **tol)
+    torch.testing.assert_close(got_x, norm(residual + x), **tol)
+
+
+@pytest.mark.parametrize("rot", [16, 8])  # full rotary (Llama) and partial (Phi-3)
+def test_rotary_store_matches_transformers_and_fills_the_slots(ops, rot):
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    heads, kv_heads, dim, tokens = 4, 2, 16, 5
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    angles = torch.randn(tokens, rot // 2, generator=gen)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    q = qkv[:, : heads * dim].view(1, tokens, heads, dim).transpose(1, 2)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(1, tokens, kv_heads, dim).transpose(1, 2)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    k_pool, v_pool = torch.zeros(2, kv_heads, 4, 4, dim)
+    slots = torch.tensor([3, 12, 0, 7, 15])
+    got = qkv.clone()
+    ops.rotary_store_(got, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
+    torch.testing.assert_close(got[:, : heads * dim].view(tokens, heads, dim),
+                               want_q[0].transpose(0, 1))
+    flat_k, flat_v = k_pool.view(kv_heads, 16, dim), v_pool.view(kv_heads, 16, dim)
+    torch.testing.assert_close(flat_k[:, slots], want_k[0])
+    torch.testing.assert_close(flat_v[:, slots],
+                               qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+                               .transpose(0, 1))
+    untouched = [s for s in range(16) if s not in slots.tolist()]
+    assert not flat_k[:, untouched].any() and not flat_v[:, untouched].any()
+
+
+def test_silu_and_mul_matches_the_llama_mlp(ops):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 2 * 40, generator=gen)
+    torch.testing.assert_close(ops.silu_and_mul(x), torch.nn.functional.silu(x[:, :40]) * x[:, 40:])
+
+
+def test_native_ops_reject_bad_inputs(native_ops):
+    pool = torch.zeros(2, 4, 4, 16)
+    qkv = torch.zeros(2, 8 * 16)
+    cos = torch.zeros(2, 16)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        native_ops.rotary_store_(qkv, cos, cos, pool, pool.clone(), torch.tensor([0, 16]), 4, 2)
+    with pytest.raises(RuntimeError, match="qkv width"):
+        native_ops.rotary_store_(qkv, cos, cos, pool, pool.clone(), torch.tensor([0, 1]), 5, 2)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        native_ops.silu_and_mul(torch.zeros(2, 8, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="weight"):
+        native_ops.rms_norm(torch.zeros(2, 8), torch.zeros(9), 1e-6)
+
+
+# ------------------------------------------------------------------ families
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**SMALL))
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(sliding_window=8, **SMALL))
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    # Window on the first layer only (max_window_layers=1); q/k/v carry biases.
+    config = Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=1, **SMALL)
+    model = Qwen2ForCausalLM(config)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    return model
+
+
+def _phi3():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(partial_rotary_factor=0.5, pad_token_id=0, **SMALL)
+    return Phi3ForCausalLM(config)
+
+
+FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
+    "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "phi3": _phi3,
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_model(request, tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """A tiny random model of one family, saved as a model folder, and its fp32 reference."""
+    torch.manual_seed(0)
+    model = FAMILIES[request.param]().eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_the_families_take_the_decoder_and_others_do_not(family_model):
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    _, model = family_model
+    fresh = type(model)(model.config)
+    if type(model).__name__ != "Phi3ForCausalLM":  # Phi-3 ships q|k|v and gate|up fused
+        assert decoder_unsupported(fresh) == "projections are not fused"
+    pack_linears(fresh)
+    assert decoder_unsupported(fresh) == ""
+    gemma = GemmaForCausalLM(GemmaConfig(head_dim=16, **SMALL))  # (1 + w) norms, GELU
+    pack_linears(gemma)
+    assert "not one of" in decoder_unsupported(gemma)
+
+
+def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplog):
+    """Greedy tokens equal ``generate``'s and the transformers forward's, with chunked prefill."""
+    folder, model = family_model
+    prompts = [prompt_of(n, start=s) for n, s in ((21, 1), (6, 2), (33, 3))]
+    prompts = [[t % 500 + 1 for t in p] for p in prompts]
+    new = 10
+    want = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                 dtype=torch.long), do_sample=False, max_new_tokens=new,
+                                 eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(prompt):].tolist())
+    got = {}
+    for forward in ("auto", "transformers"):
+        with caplog.at_level("INFO", logger="switchyard.xeon"):
+            engine = XeonEngine(EngineConfig(
+                model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
+                options={**TEST_OPTIONS, "block_size": "4", "forward": forward}))
+            engine.start()
+        try:
+            runner_forward = engine._runner._forward
+            expected = LlamaFamilyDecoder if forward == "auto" else TransformersForward
+            assert isinstance(runner_forward, expected)
+            sink = Collector()
+            for i, prompt in enumerate(prompts):
+                engine.submit(greedy_request(f"r{i}", prompt, new), sink)
+            got[forward] = [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+        finally:
+            engine.shutdown()
+    assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
+    assert got["auto"] == want
+    assert got["transformers"] == want
