@@ -101,6 +101,12 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     if name == "gemv":
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
+    if name == "panel":  # the engine's kernel (switchyard_xeon/kernels/panel_gemm.cpp)
+        from switchyard_xeon.kernels import load_kernels
+
+        assert load_kernels().fn is not None, load_kernels().reason
+        panels = torch.ops.switchyard_xeon.pack_panels(weight)
+        return lambda x: torch.ops.switchyard_xeon.panel_linear(x, panels, None, weight.shape[0])
     hint_text = name.removeprefix("packed:")
     hint = None if hint_text == "none" else int(hint_text)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, hint)

@@ -16,7 +16,13 @@ import torch
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import paged_decode_reference
-from switchyard_xeon.linears import FusedSibling, PackedLinear, _check_packing, pack_linears
+from switchyard_xeon.linears import (
+    FusedSibling,
+    PackedLinear,
+    PanelLinear,
+    _check_packing,
+    pack_linears,
+)
 
 from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
@@ -117,23 +123,55 @@ def tiny_llama(dtype: torch.dtype, bias: bool = False) -> torch.nn.Module:
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
+@pytest.mark.parametrize("panels", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fused_projections_give_the_same_logits(bias):
+def test_fused_projections_give_the_same_logits(bias, panels, kernel):
     model = tiny_llama(torch.float32, bias)
     ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
     with torch.inference_mode():
         before = model(ids).logits
-        report = pack_linears(model)
+        report = pack_linears(model, panels=panels)
         after = model(ids).logits
     # 2 layers x 2 groups, each group one packed matmul, plus o_proj, down_proj, lm_head
     assert report.fused_groups == 4 and report.packed == 4 + 2 * 2 + 1
-    assert report.describe() == "oneDNN-packed float32 (9 linears, 4 fused groups)"
+    layout, cls = ("panel", PanelLinear) if panels else ("oneDNN", PackedLinear)
+    assert report.describe() == f"{layout}-packed float32 (9 linears, 4 fused groups)"
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, FusedSibling)
     assert isinstance(layer.mlp.up_proj, FusedSibling)
-    assert isinstance(layer.self_attn.o_proj, PackedLinear)
-    assert isinstance(model.lm_head, PackedLinear)
+    assert isinstance(layer.self_attn.o_proj, cls)
+    assert isinstance(model.lm_head, cls)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 97, 200])  # micro-kernel tails, row chunks
+@pytest.mark.parametrize("out_features", [1, 16, 45, 130])  # whole and ragged panels
+def test_panel_linear_matches_f_linear(kernel, rows, out_features):
+    gen = torch.Generator().manual_seed(rows * 1000 + out_features)
+    linear = torch.nn.Linear(72, out_features)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, 72, generator=gen))
+        linear.bias.copy_(torch.randn(out_features, generator=gen))
+    panel = PanelLinear(linear.weight, linear.bias)
+    unbiased = PanelLinear(linear.weight, None)
+    x = torch.randn(2, rows, 72, generator=gen)
+    with torch.inference_mode():
+        torch.testing.assert_close(panel(x), linear(x), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(unbiased(x[:, :1].transpose(0, 1)),
+                                   linear(x[:, :1].transpose(0, 1)) - linear.bias,
+                                   atol=1e-4, rtol=1e-5)
+
+
+def test_panel_linear_rejects_mismatched_inputs(kernel):
+    packed = torch.ops.switchyard_xeon.pack_panels(torch.zeros(20, 8))
+    with pytest.raises(RuntimeError, match="does not match"):
+        torch.ops.switchyard_xeon.panel_linear(torch.zeros(3, 9), packed, None, 20)
+    with pytest.raises(RuntimeError, match="does not match"):
+        torch.ops.switchyard_xeon.panel_linear(torch.zeros(3, 8), packed, None, 33)
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.switchyard_xeon.panel_linear(torch.zeros(3, 8), packed, torch.zeros(19), 20)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.switchyard_xeon.pack_panels(torch.zeros(4, 4, dtype=torch.bfloat16))
 
 
 def test_fp16_linears_are_fused_but_left_stock():

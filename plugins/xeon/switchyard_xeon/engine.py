@@ -206,20 +206,22 @@ class XeonEngine(Engine):
     def _fast_path(self, model: torch.nn.Module) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
-        Options: ``linears`` (``packed``, the default, or ``stock``: fused but
-        not packed), ``attention`` (``auto``: the native kernel when it builds;
+        Options: ``linears`` (``packed``, the default: fp32 on the native panel
+        kernel, bf16 on oneDNN; ``onednn``: oneDNN for both; ``stock``: fused
+        but not packed), ``attention`` (``auto``: the native kernel when it builds;
         ``sdpa``: never) and ``forward`` (``auto``: the hand-written decoder for
         the Llama family, transformers' forward for other architectures;
         ``transformers``: always the latter). Logs each choice; returns the
         forward pass and the decode kernel (None for the portable path).
         """
         options = self.config.options
-        linears = _option(options, "linears", ("packed", "stock"))
+        linears = _option(options, "linears", ("packed", "onednn", "stock"))
         mode = _option(options, "attention", ("auto", "sdpa"))
         forward_mode = _option(options, "forward", ("auto", "transformers"))
-        report = pack_linears(model, pack=linears == "packed")
-        logger.info("linears: %s", report.describe())
         status = load_kernels()
+        report = pack_linears(model, pack=linears != "stock",
+                              panels=linears == "packed" and status.fn is not None)
+        logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
         else:

@@ -66,6 +66,33 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
+class PanelLinear(torch.nn.Module):
+    """An fp32 ``nn.Linear`` on the engine's own kernel (``kernels/panel_gemm.cpp``).
+
+    The weight is repacked once into panels of 16 output features, k-major.
+    Call :func:`~switchyard_xeon.kernels.load_kernels` first: the operators
+    exist only once the native library is loaded.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        packed = torch.ops.switchyard_xeon.pack_panels(weight.detach())
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().contiguous().clone(),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` for ``x`` of any leading shape."""
+        flat = x.reshape(-1, self.in_features).contiguous()
+        y = torch.ops.switchyard_xeon.panel_linear(flat, self.packed_weight, self.bias,
+                                                   self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"
+
+
 class _SharedMatmul:
     """One matmul whose output is split among sibling modules called on the same input."""
 
@@ -115,23 +142,27 @@ class PackReport:
     fused_groups: int = 0
     reason: str = ""
     dtype: str = ""
+    layout: str = "oneDNN"
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
         fused = f"{self.fused_groups} fused groups"
         if not self.packed:
             return f"stock, {fused} ({self.reason})" if self.fused_groups else f"stock ({self.reason})"
-        return f"oneDNN-packed {self.dtype} ({self.packed} linears, {fused})"
+        return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused})"
 
 
-def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True) -> PackReport:
+def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
+                 panels: bool = False) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
-    Packing bf16 needs oneDNN's bf16 reorder, which wants AVX-512 (or
-    AVX-NE-CONVERT); where packing is unavailable (or ``pack`` is False),
-    disagrees with ``F.linear`` or the weights are of another dtype (fp16,
-    mixed) the linears stay stock and only the fusion applies (one plain matmul
-    per group: fewer calls in any dtype).
+    With ``panels`` (the native kernels are loaded), fp32 weights go to
+    :class:`PanelLinear`; otherwise, and for bf16, to oneDNN's
+    :class:`PackedLinear`. Packing bf16 needs oneDNN's bf16 reorder, which
+    wants AVX-512 (or AVX-NE-CONVERT); where packing is unavailable (or
+    ``pack`` is False), disagrees with ``F.linear`` or the weights are of
+    another dtype (fp16, mixed) the linears stay stock and only the fusion
+    applies (one plain matmul per group: fewer calls in any dtype).
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears:
@@ -144,10 +175,13 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True) -
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
-        reason = _check_packing(linears[0])
+        cls = PanelLinear if panels and dtype == torch.float32 else PackedLinear
+        reason = _check_packing(linears[0], cls)
         if reason:
-            logger.info("oneDNN packed linears unavailable, using stock ones: %s", reason)
+            logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
+    packer: type[PackedLinear] | type[PanelLinear] = (
+        PanelLinear if panels and dtype == torch.float32 else PackedLinear)
     packed = fused = 0
     for parent in list(model.modules()):
         children = dict(parent.named_children())
@@ -155,17 +189,18 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True) -
             for names in SIBLING_GROUPS:
                 group = [children.get(n) for n in names]
                 if all(type(m) is torch.nn.Linear for m in group) and _same_input_size(group):
-                    _fuse(parent, names, group, pack)  # type: ignore[arg-type]
+                    _fuse(parent, names, group, packer if pack else None)  # type: ignore[arg-type]
                     packed += pack
                     fused += 1
                     children = dict(parent.named_children())
         if pack:
             for name, child in children.items():
                 if type(child) is torch.nn.Linear:
-                    setattr(parent, name, PackedLinear(child.weight, child.bias))
+                    setattr(parent, name, packer(child.weight, child.bias))
                     packed += 1
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
-                      dtype=str(dtype).removeprefix("torch."))
+                      dtype=str(dtype).removeprefix("torch."),
+                      layout="panel" if packer is PanelLinear else "oneDNN")
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
@@ -174,7 +209,7 @@ def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
 
 
 def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.Linear],
-          pack: bool) -> None:
+          packer: type[PackedLinear] | type[PanelLinear] | None) -> None:
     """Swap the siblings ``names`` of ``parent`` for slices of one (packed) matmul."""
     weight = torch.cat([m.weight.detach() for m in group])
     biases = [m.bias for m in group]
@@ -184,8 +219,8 @@ def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.
             b.detach() if b is not None else m.weight.new_zeros(m.out_features)
             for m, b in zip(group, biases, strict=True)
         ])
-    if pack:
-        linear: torch.nn.Module = PackedLinear(weight, bias)
+    if packer is not None:
+        linear: torch.nn.Module = packer(weight, bias)
     else:
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                                  device=weight.device, dtype=weight.dtype)
@@ -209,10 +244,11 @@ def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Mo
     return module if isinstance(module, torch.nn.Module) else None
 
 
-def _check_packing(sample: torch.nn.Linear) -> str:
-    """'' when a packed copy of ``sample`` agrees with ``F.linear``, else why not."""
+def _check_packing(sample: torch.nn.Linear,
+                   cls: type[PackedLinear] | type[PanelLinear] = PackedLinear) -> str:
+    """'' when a ``cls`` copy of ``sample`` agrees with ``F.linear``, else why not."""
     try:
-        packed = PackedLinear(sample.weight, sample.bias)
+        packed = cls(sample.weight, sample.bias)
         x = torch.randn(3, sample.in_features, generator=torch.Generator().manual_seed(0))
         x = x.to(sample.weight.dtype)
         with torch.inference_mode():

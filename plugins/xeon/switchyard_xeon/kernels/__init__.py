@@ -5,7 +5,9 @@ Two sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
 - ``fused_ops.cpp``: the fused steps of a Llama-family layer the hand-written
-  decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`).
+  decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`);
+- ``panel_gemm.cpp``: fp32 linears over weights packed in panels of 16 output
+  features (:class:`~switchyard_xeon.linears.PanelLinear`).
 
 They are compiled with ``torch.utils.cpp_extension`` for this CPU
 (``-march=native``: AVX-512 where there is some) into torch's extension cache,
@@ -34,7 +36,8 @@ import torch
 
 logger = logging.getLogger("switchyard.xeon")
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp",
+                                                                "panel_gemm.cpp"))
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
 PagedDecodeFn = Callable[
@@ -125,7 +128,7 @@ def _load() -> KernelStatus:
     except Exception as exc:  # no compiler, no ninja, odd platform: serve without it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return KernelStatus(None, f"native kernels unavailable ({first[:200]})")
-    error = _self_check(op) or _self_check_fused(NativeFusedOps())
+    error = _self_check(op) or _self_check_fused(NativeFusedOps()) or _self_check_panels()
     if error:
         return KernelStatus(None, f"native kernels failed their check ({error})")
     return KernelStatus(op, "native paged attention (C++)", NativeFusedOps())
@@ -235,4 +238,22 @@ def _self_check_fused(ops: FusedOps) -> str:
             scale = max(1.0, want.float().abs().max().item())
             if not err <= tol * scale:
                 return f"fused op {dtype} max error {err:.3g} > {tol * scale:.3g}"
+    return ""
+
+
+def _self_check_panels() -> str:
+    """Compare the panel linear with ``F.linear`` over ragged shapes; '' when they agree."""
+    gen = torch.Generator().manual_seed(2)
+    for rows, out, inner in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
+        x = torch.randn(rows, inner, generator=gen)
+        w = torch.randn(out, inner, generator=gen)
+        b = torch.randn(out, generator=gen)
+        try:
+            packed = torch.ops.switchyard_xeon.pack_panels(w)
+            got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
+        if not err <= 1e-4 * max(1.0, inner ** 0.5):
+            return f"panel linear max error {err:.3g}"
     return ""
