@@ -202,3 +202,23 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
     assert got["auto"] == want
     assert got["transformers"] == want
+
+
+def test_without_native_kernels_the_decoder_runs_on_torch_ops(make_engine, hf_greedy, monkeypatch,
+                                                              caplog):
+    """No compiler (or SWITCHYARD_XEON_KERNELS=0): PyTorch ops, SDPA and oneDNN, same tokens."""
+    from switchyard_xeon import engine as engine_module
+    from switchyard_xeon.kernels import KernelStatus
+
+    monkeypatch.setattr(engine_module, "load_kernels",
+                        lambda: KernelStatus(None, "native kernels disabled for the test"))
+    with caplog.at_level("INFO", logger="switchyard.xeon"):
+        engine = make_engine({"block_size": "4"}, max_batch_prefill_tokens=16)
+    assert "forward: hand-written Llama-family decoder, PyTorch ops" in caplog.text
+    assert "linears: oneDNN-packed float32" in caplog.text
+    assert engine._runner.decode_kernel is None
+    prompts = [prompt_of(n, start=s) for n, s in ((23, 1), (5, 2))]
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(greedy_request(f"r{i}", prompt, 8), sink)
+    assert [token_ids(sink.wait(f"r{i}")) for i in range(2)] == [hf_greedy(p, 8) for p in prompts]

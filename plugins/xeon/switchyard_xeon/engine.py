@@ -52,15 +52,15 @@ from switchyard_spec import (
 from switchyard_xeon import attention, machine
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
-from switchyard_xeon.events import deliver, emit, record_results
-from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
-from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.decoder import (
     LlamaFamilyDecoder,
     PackedForward,
     TransformersForward,
     decoder_unsupported,
 )
+from switchyard_xeon.events import deliver, emit, record_results
+from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
+from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
@@ -175,7 +175,7 @@ class XeonEngine(Engine):
         )
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        forward, kernel = self._fast_path(loaded.model)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()
@@ -203,12 +203,14 @@ class XeonEngine(Engine):
         self._thread.start()
         return loaded.info
 
-    def _fast_path(self, model: torch.nn.Module) -> tuple[PackedForward, PagedDecodeFn | None]:
+    def _fast_path(self, model: torch.nn.Module,
+                   cpu_flags: frozenset[str]) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
         Options: ``linears`` (``packed``, the default: fp32 on the native panel
-        kernel, bf16 on oneDNN; ``onednn``: oneDNN for both; ``stock``: fused
-        but not packed), ``attention`` (``auto``: the native kernel when it builds;
+        kernel where the CPU has AVX2 but not AVX-512, which is where it was
+        measured to win, bf16 and other CPUs on oneDNN; ``onednn``: oneDNN for
+        both; ``stock``: fused but not packed), ``attention`` (``auto``: the native kernel when it builds;
         ``sdpa``: never) and ``forward`` (``auto``: the hand-written decoder for
         the Llama family, transformers' forward for other architectures;
         ``transformers``: always the latter). Logs each choice; returns the
@@ -219,8 +221,10 @@ class XeonEngine(Engine):
         mode = _option(options, "attention", ("auto", "sdpa"))
         forward_mode = _option(options, "forward", ("auto", "transformers"))
         status = load_kernels()
+        # The panel kernel is AVX2/FMA code: oneDNN's AVX-512 kernels have twice its width.
+        avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
         report = pack_linears(model, pack=linears != "stock",
-                              panels=linears == "packed" and status.fn is not None)
+                              panels=linears == "packed" and status.fn is not None and avx2_only)
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
@@ -479,7 +483,6 @@ class XeonEngine(Engine):
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:
             self._publish_stats()
-
 
 
 def _option(options: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
