@@ -206,8 +206,29 @@ def points_from_records(peer: str, run: ShapeRun, counts: list[int],
             for n in counts]
 
 
-class TransformersPeer(Peer):
+class WorkerPeer(Peer):
+    """A peer measured by a script in `workers/`, run under Switchyard's interpreter."""
+
+    script = ""
+
+    def worker_args(self) -> list[str]:
+        """Arguments of this peer's own, before the common ones."""
+        return []
+
+    def measure(self, run: ShapeRun) -> list[Point]:
+        argv = [sys.executable, str(WORKERS / self.script), *self.worker_args(),
+                "--model", str(run.model_dir), "--prompts", str(run.prompts_file),
+                "--streams", ",".join(map(str, run.streams)),
+                "--new-tokens", str(run.new_tokens), "--dtype", run.dtype]
+        log = run.out_dir / "logs" / f"{self.name}-{run.shape}.log"
+        records, problem = run_worker(argv, log, run.left_s())
+        return points_from_records(self.name, run, run.streams, records, problem, self.note)
+
+
+class TransformersPeer(WorkerPeer):
     """transformers in Switchyard's venv: `generate` (static batch) or `generate_batch`."""
+
+    script = "hf_worker.py"
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -223,11 +244,16 @@ class TransformersPeer(Peer):
             return f"transformers not importable: {exc}"
         return None
 
-    def measure(self, run: ShapeRun) -> list[Point]:
-        argv = [sys.executable, str(WORKERS / "hf_worker.py"), "--mode", self.mode,
-                "--model", str(run.model_dir), "--prompts", str(run.prompts_file),
-                "--streams", ",".join(map(str, run.streams)),
-                "--new-tokens", str(run.new_tokens), "--dtype", run.dtype]
-        log = run.out_dir / "logs" / f"{self.name}-{run.shape}.log"
-        records, problem = run_worker(argv, log, run.left_s())
-        return points_from_records(self.name, run, run.streams, records, problem, self.note)
+    def worker_args(self) -> list[str]:
+        return ["--mode", self.mode]
+
+
+class EnginePeer(WorkerPeer):
+    """Switchyard's Xeon engine in process, no HTTP: the terms llama.cpp's batch 1 runs on."""
+
+    name = "switchyard-engine"
+    note = "XeonEngine in process (no HTTP server or client), prefix cache off"
+    script = "engine_worker.py"
+
+    def unavailable(self) -> str | None:
+        return None
