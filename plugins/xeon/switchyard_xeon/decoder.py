@@ -20,6 +20,7 @@ uses :class:`TransformersForward`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +28,7 @@ import torch
 
 from switchyard_xeon.attention import STEP_KWARG, StepMetadata, attend_packed
 from switchyard_xeon.kernels import FusedOps
-from switchyard_xeon.linears import fused_module
+from switchyard_xeon.linears import PanelLinear, fused_module
 
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
 """Architectures whose layers the hand-written decoder reproduces exactly."""
@@ -63,6 +64,19 @@ class TransformersForward:
         return out.logits[0]
 
 
+Matmul = Callable[[torch.Tensor], torch.Tensor]
+"""A linear layer applied to contiguous [tokens, in] rows."""
+
+
+def _matmul(module: torch.nn.Module) -> Matmul:
+    """The cheapest way to call ``module`` on 2-D rows: the op itself for panel linears.
+
+    At one token per step the 121 linears' module plumbing (``__call__``,
+    reshapes) is a few percent of the step.
+    """
+    return module.rows if isinstance(module, PanelLinear) else module
+
+
 @dataclass(frozen=True)
 class _Layer:
     """What one decoder layer needs, taken from transformers' modules."""
@@ -71,10 +85,10 @@ class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     eps: float
-    qkv: torch.nn.Module
-    o_proj: torch.nn.Module
-    gate_up: torch.nn.Module
-    down: torch.nn.Module
+    qkv: Matmul
+    o_proj: Matmul
+    gate_up: Matmul
+    down: Matmul
     scaling: float
     window: int | None
 
@@ -124,7 +138,7 @@ class LlamaFamilyDecoder:
         self.rotary = model.model.rotary_emb
         self.final_norm = model.model.norm.weight
         self.final_eps = float(model.model.norm.variance_epsilon)
-        self.lm_head = model.lm_head
+        self.lm_head = _matmul(model.lm_head)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.layers: list[_Layer] = []
@@ -137,10 +151,10 @@ class LlamaFamilyDecoder:
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
                 eps=float(layer.input_layernorm.variance_epsilon),
-                qkv=_qkv(attn),  # type: ignore[arg-type]
-                o_proj=attn.o_proj,
-                gate_up=_gate_up(layer.mlp),  # type: ignore[arg-type]
-                down=layer.mlp.down_proj,
+                qkv=_matmul(_qkv(attn)),  # type: ignore[arg-type]
+                o_proj=_matmul(attn.o_proj),
+                gate_up=_matmul(_gate_up(layer.mlp)),  # type: ignore[arg-type]
+                down=_matmul(layer.mlp.down_proj),
                 scaling=float(attn.scaling),
                 window=window,
             ))

@@ -85,9 +85,12 @@ class PanelLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for ``x`` of any leading shape."""
         flat = x.reshape(-1, self.in_features).contiguous()
-        y = torch.ops.switchyard_xeon.panel_linear(flat, self.packed_weight, self.bias,
-                                                   self.out_features)
-        return y.view(*x.shape[:-1], self.out_features)
+        return self.rows(flat).view(*x.shape[:-1], self.out_features)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` for a contiguous 2-D ``x``: the op alone, no module plumbing."""
+        return torch.ops.switchyard_xeon.panel_linear.default(x, self.packed_weight, self.bias,
+                                                              self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"

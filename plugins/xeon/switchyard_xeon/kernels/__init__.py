@@ -88,10 +88,11 @@ class NativeFusedOps:
 
     def __init__(self) -> None:
         ops = torch.ops.switchyard_xeon
-        self.rms_norm = ops.rms_norm
-        self.add_rms_norm_ = ops.add_rms_norm_
-        self.rotary_store_ = ops.rotary_store_
-        self.silu_and_mul = ops.silu_and_mul
+        # The overloads themselves: calling the packet resolves the overload on every call.
+        self.rms_norm = ops.rms_norm.default
+        self.add_rms_norm_ = ops.add_rms_norm_.default
+        self.rotary_store_ = ops.rotary_store_.default
+        self.silu_and_mul = ops.silu_and_mul.default
 
 
 @dataclass(frozen=True)
