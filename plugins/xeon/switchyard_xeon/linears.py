@@ -1,7 +1,8 @@
-"""Faster linear layers on the CPU: oneDNN-packed weights, fused siblings.
+"""Faster linear layers on the CPU: packed weights, fused siblings.
 
 Two changes to a loaded transformers model, neither of which touches its
-architecture code:
+architecture code (:class:`PanelLinear`, the engine's own fp32 kernel, takes
+the place of :class:`PackedLinear` where the engine chooses it):
 
 - every fp32 or bf16 ``nn.Linear`` (the LM head included) becomes a
   :class:`PackedLinear`, whose weight oneDNN reordered once at load time into
@@ -173,18 +174,17 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     reason = ""
     dtypes = {m.weight.dtype for m in linears}
     dtype = next(iter(dtypes))
+    packer: type[PackedLinear] | type[PanelLinear] = (
+        PanelLinear if panels and dtype == torch.float32 else PackedLinear)
     if not pack:
         reason = "linears=stock"
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
-        cls = PanelLinear if panels and dtype == torch.float32 else PackedLinear
-        reason = _check_packing(linears[0], cls)
+        reason = _check_packing(linears[0], packer)
         if reason:
             logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
-    packer: type[PackedLinear] | type[PanelLinear] = (
-        PanelLinear if panels and dtype == torch.float32 else PackedLinear)
     packed = fused = 0
     for parent in list(model.modules()):
         children = dict(parent.named_children())
