@@ -20,22 +20,17 @@ import sys
 import threading
 import time
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-for sub in ("gateway", "spec", "plugins/xeon"):
-    sys.path.insert(0, str(ROOT / sub))
-
-from switchyard_spec import (  # noqa: E402
+from switchyard_spec import (
     EngineConfig,
     EngineRequest,
     SamplingParams,
     StoppingParams,
     TokenEvent,
 )
-from switchyard_xeon.engine import XeonEngine  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from switchyard_xeon.engine import XeonEngine
+from transformers import AutoTokenizer
 
 
 def run_wave(engine: XeonEngine, prompts: list[list[int]], streams: int, new_tokens: int,

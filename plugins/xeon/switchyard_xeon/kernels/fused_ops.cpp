@@ -25,6 +25,18 @@ inline float rnd(float x) {
   return static_cast<float>(static_cast<T>(x));
 }
 
+// Calls body(T{}) with T = float or c10::BFloat16 as `dtype` is; others are an error.
+template <typename Body>
+void by_dtype(at::ScalarType dtype, const char* op, Body&& body) {
+  if (dtype == at::kFloat) {
+    body(float{});
+  } else if (dtype == at::kBFloat16) {
+    body(c10::BFloat16{});
+  } else {
+    TORCH_CHECK(false, op, ": float32 or bfloat16 only");
+  }
+}
+
 inline int64_t grain_rows(int64_t row_elems) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elems));
 }
@@ -60,13 +72,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
                   weight.scalar_type() == x.scalar_type(),
               "rms_norm: weight must be [n] of x's dtype");
   at::Tensor out = at::empty_like(x);
-  if (x.scalar_type() == at::kFloat) {
-    rms_norm_impl<float>(x, weight, out, eps);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    rms_norm_impl<c10::BFloat16>(x, weight, out, eps);
-  } else {
-    TORCH_CHECK(false, "rms_norm: float32 or bfloat16 only");
-  }
+  by_dtype(x.scalar_type(), "rms_norm", [&](auto tag) {
+    rms_norm_impl<decltype(tag)>(x, weight, out, eps);
+  });
   return out;
 }
 
@@ -96,13 +104,9 @@ void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
                   weight.scalar_type() == x.scalar_type(),
               "add_rms_norm_: weight must be [n] of x's dtype");
-  if (x.scalar_type() == at::kFloat) {
-    add_rms_norm_impl<float>(x, residual, weight, eps);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    add_rms_norm_impl<c10::BFloat16>(x, residual, weight, eps);
-  } else {
-    TORCH_CHECK(false, "add_rms_norm_: float32 or bfloat16 only");
-  }
+  by_dtype(x.scalar_type(), "add_rms_norm_", [&](auto tag) {
+    add_rms_norm_impl<decltype(tag)>(x, residual, weight, eps);
+  });
 }
 
 // transformers' rotate_half convention over the first R dims of a head (R even;
@@ -185,13 +189,9 @@ void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
   for (int64_t t = 0; t < slots.size(0); ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "rotary_store_: slot out of range");
   }
-  if (dtype == at::kFloat) {
-    rotary_store_impl<float>(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads);
-  } else if (dtype == at::kBFloat16) {
-    rotary_store_impl<c10::BFloat16>(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads);
-  } else {
-    TORCH_CHECK(false, "rotary_store_: float32 or bfloat16 only");
-  }
+  by_dtype(dtype, "rotary_store_", [&](auto tag) {
+    rotary_store_impl<decltype(tag)>(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads);
+  });
 }
 
 // x: [T, 2I] = gate | up; out: [T, I] = T(T(silu(gate)) * up).
@@ -217,13 +217,9 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && x.is_contiguous(),
               "silu_and_mul: x must be a contiguous [rows, 2 * n]");
   at::Tensor out = at::empty({x.size(0), x.size(1) / 2}, x.options());
-  if (x.scalar_type() == at::kFloat) {
-    silu_and_mul_impl<float>(x, out);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    silu_and_mul_impl<c10::BFloat16>(x, out);
-  } else {
-    TORCH_CHECK(false, "silu_and_mul: float32 or bfloat16 only");
-  }
+  by_dtype(x.scalar_type(), "silu_and_mul", [&](auto tag) {
+    silu_and_mul_impl<decltype(tag)>(x, out);
+  });
   return out;
 }
 
