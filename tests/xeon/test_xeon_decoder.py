@@ -26,6 +26,7 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.linears import pack_linears
+from switchyard_xeon.machine import read_cpu_info
 
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, prompt_of, token_ids
 
@@ -202,6 +203,42 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
     assert got["auto"] == want
     assert got["transformers"] == want
+
+
+def test_a_bf16_checkpoint_run_in_fp32_gives_generates_tokens(tmp_path, caplog):
+    """bf16 weights loaded in fp32 go back to bf16 storage (panels) without changing a token."""
+    torch.manual_seed(0)
+    model = _llama().to(torch.bfloat16).eval()
+    model.save_pretrained(tmp_path)
+    model = model.float()
+    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((19, 1), (7, 2))]
+    want = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                 dtype=torch.long), do_sample=False, max_new_tokens=10,
+                                 eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(prompt):].tolist())
+    got = {}
+    for storage in ("auto", "float32"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="switchyard.xeon"):
+            engine = XeonEngine(EngineConfig(
+                model_path=str(tmp_path), dtype="float32", max_batch_prefill_tokens=16,
+                options={**TEST_OPTIONS, "block_size": "4", "panel_storage": storage}))
+            engine.start()
+        try:
+            flags = read_cpu_info().flags  # the panel kernel runs on AVX2-only CPUs
+            if {"avx2", "fma"} <= flags and "avx512f" not in flags:
+                assert "linears: panel-packed float32" in caplog.text
+                assert ("13 hold only bf16 values" in caplog.text) == (storage == "auto")
+            sink = Collector()
+            for i, prompt in enumerate(prompts):
+                engine.submit(greedy_request(f"r{i}", prompt, 10), sink)
+            got[storage] = [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+        finally:
+            engine.shutdown()
+    assert got["auto"] == got["float32"] == want
 
 
 def test_without_native_kernels_the_decoder_runs_on_torch_ops(make_engine, hf_greedy, monkeypatch,

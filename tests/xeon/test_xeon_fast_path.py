@@ -22,6 +22,7 @@ from switchyard_xeon.linears import (
     PackedLinear,
     PanelLinear,
     _check_packing,
+    holds_bf16,
     pack_linears,
 )
 
@@ -171,8 +172,48 @@ def test_panel_linear_rejects_mismatched_inputs(kernel):
         torch.ops.switchyard_xeon.panel_linear(torch.zeros(3, 8), packed, None, 33)
     with pytest.raises(RuntimeError, match="bias"):
         torch.ops.switchyard_xeon.panel_linear(torch.zeros(3, 8), packed, torch.zeros(19), 20)
-    with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.switchyard_xeon.pack_panels(torch.zeros(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.switchyard_xeon.pack_panels(torch.zeros(4, 4, dtype=torch.float16))
+
+
+def test_holds_bf16_tells_bf16_checkpoints_from_fp32_ones():
+    weight = torch.randn(8, 24, generator=torch.Generator().manual_seed(0))
+    assert not holds_bf16(weight)
+    assert holds_bf16(weight.bfloat16().float())  # a bf16 checkpoint loaded in fp32
+    assert not holds_bf16(weight.bfloat16())  # already bf16: nothing to narrow
+    nudged = weight.bfloat16().float()
+    nudged[3, 5] = nudged[3, 5].nextafter(torch.tensor(1.0))  # one value off the bf16 grid
+    assert not holds_bf16(nudged)
+
+
+@pytest.mark.parametrize("rows", [1, 6, 7, 96, 97, 200])  # widened in registers / in a buffer
+def test_bf16_valued_panels_are_stored_as_bf16_with_the_same_results(kernel, rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(45, 72, generator=gen).bfloat16().float()
+    bias = torch.randn(45, generator=gen)
+    narrow, wide = PanelLinear(weight, bias), PanelLinear(weight, bias, narrow=False)
+    assert narrow.narrowed and narrow.packed_weight.dtype == torch.bfloat16
+    assert not wide.narrowed and wide.packed_weight.dtype == torch.float32
+    assert "stored=bf16" in repr(narrow)
+    x = torch.randn(rows, 72, generator=gen)
+    with torch.inference_mode():
+        got = narrow(x)
+        # The same fp32 values in the same order of FMAs: bit for bit.
+        assert torch.equal(got, wide(x))
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias),
+                                   atol=1e-4, rtol=1e-5)
+    assert not PanelLinear(torch.randn(45, 72, generator=gen), bias).narrowed
+
+
+def test_pack_report_counts_narrowed_panels(kernel):
+    model = tiny_llama(torch.bfloat16).float()  # a bf16 checkpoint loaded in fp32
+    report = pack_linears(model, panels=True)
+    # per layer q|k|v, o, gate|up, down; plus the LM head
+    assert report.narrowed == report.packed == 2 * 4 + 1
+    assert "9 hold only bf16 values and are stored as bf16" in report.describe()
+    assert pack_linears(tiny_llama(torch.bfloat16).float(), panels=True,
+                        narrow=False).narrowed == 0
+    assert pack_linears(tiny_llama(torch.float32), panels=True).narrowed == 0
 
 
 def test_fp16_linears_are_fused_but_left_stock():

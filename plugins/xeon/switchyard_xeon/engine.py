@@ -210,7 +210,9 @@ class XeonEngine(Engine):
         Options: ``linears`` (``packed``, the default: fp32 on the native panel
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
         measured to win, bf16 and other CPUs on oneDNN; ``onednn``: oneDNN for
-        both; ``stock``: fused but not packed), ``attention`` (``auto``: the native kernel when it builds;
+        both; ``stock``: fused but not packed), ``panel_storage`` (``auto``:
+        panels of weights that hold only bf16 values, as a bf16 checkpoint loaded
+        in fp32 does, are stored as bf16, exactly; ``float32``: never), ``attention`` (``auto``: the native kernel when it builds;
         ``sdpa``: never) and ``forward`` (``auto``: the hand-written decoder for
         the Llama family, transformers' forward for other architectures;
         ``transformers``: always the latter). Logs each choice; returns the
@@ -220,11 +222,13 @@ class XeonEngine(Engine):
         linears = _option(options, "linears", ("packed", "onednn", "stock"))
         mode = _option(options, "attention", ("auto", "sdpa"))
         forward_mode = _option(options, "forward", ("auto", "transformers"))
+        storage = _option(options, "panel_storage", ("auto", "float32"))
         status = load_kernels()
         # The panel kernel is AVX2/FMA code: oneDNN's AVX-512 kernels have twice its width.
         avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
         report = pack_linears(model, pack=linears != "stock",
-                              panels=linears == "packed" and status.fn is not None and avx2_only)
+                              panels=linears == "packed" and status.fn is not None and avx2_only,
+                              narrow=storage == "auto")
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")

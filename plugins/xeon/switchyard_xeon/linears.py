@@ -2,7 +2,8 @@
 
 Two changes to a loaded transformers model, neither of which touches its
 architecture code (:class:`PanelLinear`, the engine's own fp32 kernel, takes
-the place of :class:`PackedLinear` where the engine chooses it):
+the place of :class:`PackedLinear` where the engine chooses it, and keeps
+weights that hold only bf16 values as bf16):
 
 - every fp32 or bf16 ``nn.Linear`` (the LM head included) becomes a
   :class:`PackedLinear`, whose weight oneDNN reordered once at load time into
@@ -28,6 +29,7 @@ model alone when they are missing or disagree.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,18 +69,38 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
+def holds_bf16(weight: torch.Tensor) -> bool:
+    """True when every value of fp32 ``weight`` is a bf16 value (its low 16 bits are zero).
+
+    That is the case for any bf16 checkpoint loaded in fp32, the usual way to
+    run one on a CPU without bf16 arithmetic: such weights can be stored as
+    bf16 again without changing a single value.
+    """
+    if weight.dtype != torch.float32:
+        return False
+    low_bits = weight.detach().contiguous().view(torch.int32).bitwise_and(0xFFFF)
+    return not bool(low_bits.any())
+
+
 class PanelLinear(torch.nn.Module):
     """An fp32 ``nn.Linear`` on the engine's own kernel (``kernels/panel_gemm.cpp``).
 
     The weight is repacked once into panels of 16 output features, k-major.
+    With ``narrow`` (the default), a weight whose values are all bf16 values
+    (see :func:`holds_bf16`) is stored as bf16 and widened back in the kernel:
+    the same fp32 math over half the bytes, which is what bounds decoding.
     Call :func:`~switchyard_xeon.kernels.load_kernels` first: the operators
     exist only once the native library is loaded.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 narrow: bool = True) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        packed = torch.ops.switchyard_xeon.pack_panels(weight.detach())
+        weight = weight.detach()
+        self.narrowed = narrow and holds_bf16(weight)
+        stored = weight.to(torch.bfloat16) if self.narrowed else weight
+        packed = torch.ops.switchyard_xeon.pack_panels(stored)
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().contiguous().clone(),
                              persistent=False)
@@ -94,7 +116,9 @@ class PanelLinear(torch.nn.Module):
                                                               self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"
+        storage = "bf16" if self.narrowed else "fp32"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"packed=panels, stored={storage}")
 
 
 class _SharedMatmul:
@@ -147,21 +171,25 @@ class PackReport:
     reason: str = ""
     dtype: str = ""
     layout: str = "oneDNN"
+    narrowed: int = 0
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
         fused = f"{self.fused_groups} fused groups"
         if not self.packed:
             return f"stock, {fused} ({self.reason})" if self.fused_groups else f"stock ({self.reason})"
-        return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused})"
+        stored = (f"; {self.narrowed} hold only bf16 values and are stored as bf16"
+                  if self.narrowed else "")
+        return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused}{stored})"
 
 
 def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
-                 panels: bool = False) -> PackReport:
+                 panels: bool = False, narrow: bool = True) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
     With ``panels`` (the native kernels are loaded), fp32 weights go to
-    :class:`PanelLinear`; otherwise, and for bf16, to oneDNN's
+    :class:`PanelLinear` (stored as bf16 where that is exact and ``narrow``
+    allows it); otherwise, and for bf16, to oneDNN's
     :class:`PackedLinear`. Packing bf16 needs oneDNN's bf16 reorder, which
     wants AVX-512 (or AVX-NE-CONVERT); where packing is unavailable (or
     ``pack`` is False), disagrees with ``F.linear`` or the weights are of
@@ -174,8 +202,13 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     reason = ""
     dtypes = {m.weight.dtype for m in linears}
     dtype = next(iter(dtypes))
-    packer: type[PackedLinear] | type[PanelLinear] = (
-        PanelLinear if panels and dtype == torch.float32 else PackedLinear)
+    use_panels = panels and dtype == torch.float32
+
+    def packer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
+        if use_panels:
+            return PanelLinear(weight, bias, narrow=narrow)
+        return PackedLinear(weight, bias)
+
     if not pack:
         reason = "linears=stock"
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
@@ -192,7 +225,7 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
             for names in SIBLING_GROUPS:
                 group = [children.get(n) for n in names]
                 if all(type(m) is torch.nn.Linear for m in group) and _same_input_size(group):
-                    _fuse(parent, names, group, packer if pack else None)  # type: ignore[arg-type]
+                    _fuse(parent, names, group, packer if pack else None)
                     packed += pack
                     fused += 1
                     children = dict(parent.named_children())
@@ -201,9 +234,10 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                 if type(child) is torch.nn.Linear:
                     setattr(parent, name, packer(child.weight, child.bias))
                     packed += 1
+    narrowed = sum(isinstance(m, PanelLinear) and m.narrowed for m in model.modules())
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
-                      layout="panel" if packer is PanelLinear else "oneDNN")
+                      layout="panel" if use_panels else "oneDNN", narrowed=narrowed)
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
@@ -211,8 +245,12 @@ def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
     return len(sizes) == 1
 
 
+Packer = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
+"""Makes the packed module for a weight and optional bias."""
+
+
 def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.Linear],
-          packer: type[PackedLinear] | type[PanelLinear] | None) -> None:
+          packer: Packer | None) -> None:
     """Swap the siblings ``names`` of ``parent`` for slices of one (packed) matmul."""
     weight = torch.cat([m.weight.detach() for m in group])
     biases = [m.bias for m in group]
@@ -247,11 +285,10 @@ def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Mo
     return module if isinstance(module, torch.nn.Module) else None
 
 
-def _check_packing(sample: torch.nn.Linear,
-                   cls: type[PackedLinear] | type[PanelLinear] = PackedLinear) -> str:
-    """'' when a ``cls`` copy of ``sample`` agrees with ``F.linear``, else why not."""
+def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear) -> str:
+    """'' when a ``packer`` copy of ``sample`` agrees with ``F.linear``, else why not."""
     try:
-        packed = cls(sample.weight, sample.bias)
+        packed = packer(sample.weight, sample.bias)
         x = torch.randn(3, sample.in_features, generator=torch.Generator().manual_seed(0))
         x = x.to(sample.weight.dtype)
         with torch.inference_mode():

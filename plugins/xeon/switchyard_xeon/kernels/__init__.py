@@ -7,7 +7,7 @@ Two sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 - ``fused_ops.cpp``: the fused steps of a Llama-family layer the hand-written
   decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`);
 - ``panel_gemm.cpp``: fp32 linears over weights packed in panels of 16 output
-  features (:class:`~switchyard_xeon.linears.PanelLinear`).
+  features, stored as fp32 or bf16 (:class:`~switchyard_xeon.linears.PanelLinear`).
 
 They are compiled with ``torch.utils.cpp_extension`` for this CPU
 (``-march=native``: AVX-512 where there is some) into torch's extension cache,
@@ -243,18 +243,23 @@ def _self_check_fused(ops: FusedOps) -> str:
 
 
 def _self_check_panels() -> str:
-    """Compare the panel linear with ``F.linear`` over ragged shapes; '' when they agree."""
+    """Compare the panel linear with ``F.linear`` over ragged shapes; '' when they agree.
+
+    Both weight storages: fp32, and bf16 (widened in registers below 96 rows,
+    through a buffer above).
+    """
     gen = torch.Generator().manual_seed(2)
-    for rows, out, inner in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
-        x = torch.randn(rows, inner, generator=gen)
-        w = torch.randn(out, inner, generator=gen)
-        b = torch.randn(out, generator=gen)
-        try:
-            packed = torch.ops.switchyard_xeon.pack_panels(w)
-            got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
-        if not err <= 1e-4 * max(1.0, inner ** 0.5):
-            return f"panel linear max error {err:.3g}"
+    for storage in (torch.float32, torch.bfloat16):
+        for rows, out, inner in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
+            x = torch.randn(rows, inner, generator=gen)
+            w = torch.randn(out, inner, generator=gen).to(storage)
+            b = torch.randn(out, generator=gen)
+            try:
+                packed = torch.ops.switchyard_xeon.pack_panels(w)
+                got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+            err = (got - torch.nn.functional.linear(x, w.float(), b)).abs().max().item()
+            if not err <= 1e-4 * max(1.0, inner ** 0.5):
+                return f"panel linear ({storage}) max error {err:.3g}"
     return ""

@@ -1,6 +1,6 @@
 // fp32 linear layers over panel-packed weights: y = x @ W.T (+ bias), for the
 // few-row matmuls of decoding (one row per sequence) and the many-row ones of
-// prefill alike.
+// prefill alike. The math is fp32; the weights are stored as fp32 or as bf16.
 //
 // Packing: W [N, K] becomes panels of 16 output features, each stored k-major
 // ([N/16, K, 16], zero-padded), so one panel is a single contiguous stream and
@@ -10,12 +10,20 @@
 // per row, each x element is broadcast once per panel. At one row the kernel
 // is a pure weight stream; at dozens of rows the panel (K x 64 bytes) stays in
 // L2 while the row tiles pass over it. Threads split the panels.
+//
+// bf16 storage halves that stream. A bf16 value is the top half of the fp32
+// with the same bits, so widening is exact: interleaving 16-bit zeros below
+// the stored halves (vpunpck{l,h}wd, one shuffle per 8 weights) gives the
+// fp32 weights. That interleave works within 128-bit lanes, so each k step's
+// 16 bf16 weights are stored in the order kBf16Order, which it undoes.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -27,32 +35,73 @@ namespace {
 constexpr int64_t kPanel = 16;  // output features per panel
 constexpr int64_t kRows = 6;    // rows of x per micro-kernel call
 constexpr int64_t kChunk = 512;  // rows per pass over the weights (each pass streams them all)
+constexpr int64_t kWidenRows = 96;  // bf16 panels: widen once per pass above this many rows
 
-at::Tensor pack_panels(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,
-              "pack_panels: weight must be float32 [N, K]");
-  const at::Tensor w = weight.contiguous();
-  const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
-  at::Tensor packed = at::zeros({panels, K, kPanel}, w.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
+using bf16 = at::BFloat16;
+
+// Output feature held at each of the 16 stored positions of a bf16 k step:
+// unpacklo takes positions 0-3 and 8-11 (features 0-7), unpackhi 4-7 and 12-15.
+constexpr int kBf16Order[kPanel] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+
+template <typename W>
+void pack_into(const W* src, W* dst, int64_t N, int64_t K, int64_t panels) {
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
-        const float* row = src + (p * kPanel + j) * K;
-        float* col = dst + p * K * kPanel + j;
+      for (int64_t s = 0; s < kPanel; ++s) {
+        const int64_t j = std::is_same_v<W, bf16> ? kBf16Order[s] : s;
+        if (p * kPanel + j >= N) continue;
+        const W* row = src + (p * kPanel + j) * K;
+        W* col = dst + p * K * kPanel + s;
         for (int64_t k = 0; k < K; ++k) col[k * kPanel] = row[k];
       }
     }
   });
+}
+
+// Panels in the weight's own dtype: fp32, or bf16 (widened to fp32 in the kernel).
+at::Tensor pack_panels(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat ||
+                                    weight.scalar_type() == at::kBFloat16),
+              "pack_panels: weight must be float32 or bfloat16 [N, K]");
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
+  at::Tensor packed = at::zeros({panels, K, kPanel}, w.options());
+  if (w.scalar_type() == at::kFloat) {
+    pack_into(w.data_ptr<float>(), packed.data_ptr<float>(), N, K, panels);
+  } else {
+    pack_into(w.data_ptr<bf16>(), packed.data_ptr<bf16>(), N, K, panels);
+  }
   return packed;
+}
+
+#ifdef SY_AVX2
+// One k step of a panel as two vectors of 8 fp32 weights (features 0-7, 8-15).
+inline void load_step(const float* w, __m256& w0, __m256& w1) {
+  w0 = _mm256_loadu_ps(w);
+  w1 = _mm256_loadu_ps(w + 8);
+}
+
+inline void load_step(const bf16* w, __m256& w0, __m256& w1) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i zero = _mm256_setzero_si256();
+  w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+  w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+}
+#endif
+
+inline float weight_at(const float* step, int j) { return step[j]; }
+inline float weight_at(const bf16* step, int j) {
+  for (int s = 0; s < kPanel; ++s) {
+    if (kBf16Order[s] == j) return static_cast<float>(step[s]);
+  }
+  return 0.f;
 }
 
 // out[r, 0:16] = sum_k x[r, k] * panel[k, 0:16] for R rows (R <= kRows).
 // The accumulators are named variables, not an array: GCC keeps an array of
 // vectors in registers but also stores it back on every iteration.
-template <int R>
-inline void micro(const float* x, int64_t x_stride, const float* panel, int64_t K,
+template <int R, typename W>
+inline void micro(const float* x, int64_t x_stride, const W* panel, int64_t K,
                   float* out /* [R][16] */) {
 #ifdef SY_AVX2
   __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
@@ -70,8 +119,8 @@ inline void micro(const float* x, int64_t x_stride, const float* panel, int64_t 
     b##i = _mm256_fmadd_ps(v, w1, b##i);            \
   }
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(panel + k * kPanel);
-    const __m256 w1 = _mm256_loadu_ps(panel + k * kPanel + 8);
+    __m256 w0, w1;
+    load_step(panel + k * kPanel, w0, w1);
     SY_ROW(0) SY_ROW(1) SY_ROW(2) SY_ROW(3) SY_ROW(4) SY_ROW(5)
   }
 #undef SY_ROW
@@ -85,21 +134,21 @@ inline void micro(const float* x, int64_t x_stride, const float* panel, int64_t 
 #else
   float acc[R][kPanel] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const float* w = panel + k * kPanel;
+    const W* w = panel + k * kPanel;
     for (int r = 0; r < R; ++r) {
       const float xv = x[r * x_stride + k];
-      for (int j = 0; j < kPanel; ++j) acc[r][j] += xv * w[j];
+      for (int j = 0; j < kPanel; ++j) acc[r][j] += xv * weight_at(w, j);
     }
   }
   for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + kPanel, out + r * kPanel);
 #endif
 }
 
-template <int R>
-void tile(const float* x, int64_t K, const float* panel, const float* bias, float* y,
+template <int R, typename W>
+void tile(const float* x, int64_t K, const W* panel, const float* bias, float* y,
           int64_t N, int64_t n0) {
   float buf[kRows * kPanel];
-  micro<R>(x, K, panel, K, buf);
+  micro<R, W>(x, K, panel, K, buf);
   const int64_t width = std::min(kPanel, N - n0);
   for (int r = 0; r < R; ++r) {
     float* dst = y + r * N + n0;
@@ -112,13 +161,67 @@ void tile(const float* x, int64_t K, const float* panel, const float* bias, floa
   }
 }
 
+// Every row tile of rows [0, rows) of x times one panel.
+template <typename W>
+void panel_rows(const float* x, const W* panel, const float* bp, float* y, int64_t rows,
+                int64_t N, int64_t K, int64_t n0) {
+  for (int64_t r = 0; r < rows; r += kRows) {
+    const float* xr = x + r * K;
+    float* yr = y + r * N;
+    switch (std::min(kRows, rows - r)) {
+      case 1: tile<1>(xr, K, panel, bp, yr, N, n0); break;
+      case 2: tile<2>(xr, K, panel, bp, yr, N, n0); break;
+      case 3: tile<3>(xr, K, panel, bp, yr, N, n0); break;
+      case 4: tile<4>(xr, K, panel, bp, yr, N, n0); break;
+      case 5: tile<5>(xr, K, panel, bp, yr, N, n0); break;
+      default: tile<6>(xr, K, panel, bp, yr, N, n0);
+    }
+  }
+}
+
+// A bf16 panel widened to an fp32 one, in the fp32 feature order.
+void widen(const bf16* panel, int64_t K, float* out) {
+  for (int64_t k = 0; k < K; ++k) {
+    for (int s = 0; s < kPanel; ++s) out[k * kPanel + kBf16Order[s]] = panel[k * kPanel + s];
+  }
+}
+
+template <typename W>
+void run_panels(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t N,
+                int64_t K, int64_t panels) {
+  for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
+    const int64_t rows = std::min(kChunk, M - m0);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      // Past kWidenRows rows a bf16 panel is widened once into an L2 buffer for
+      // all row tiles instead of in registers per tile: 0.92x fp32's time at 256
+      // rows instead of 1.05x, while at 8-64 rows widening in registers is
+      // faster (0.69-0.92x against 0.96-0.97x; linear_sweep.py, 135M shape).
+      std::vector<float> wide;
+      for (int64_t p = begin; p < end; ++p) {
+        const W* panel = wp + p * K * kPanel;
+        if constexpr (std::is_same_v<W, bf16>) {
+          if (rows > kWidenRows) {
+            wide.resize(K * kPanel);
+            widen(panel, K, wide.data());
+            panel_rows(xp + m0 * K, wide.data(), bp, yp + m0 * N, rows, N, K, p * kPanel);
+            continue;
+          }
+        }
+        panel_rows(xp + m0 * K, panel, bp, yp + m0 * N, rows, N, K, p * kPanel);
+      }
+    });
+  }
+}
+
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "panel_linear: x must be a contiguous float32 [M, K]");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) == x.size(1) &&
-                  packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                  N > (packed.size(0) - 1) * kPanel && N <= packed.size(0) * kPanel,
+                  (packed.scalar_type() == at::kFloat ||
+                   packed.scalar_type() == at::kBFloat16) &&
+                  packed.is_contiguous() && N > (packed.size(0) - 1) * kPanel &&
+                  N <= packed.size(0) * kPanel,
               "panel_linear: packed weight does not match x or N");
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -129,28 +232,12 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
   }
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
-    const int64_t rows = std::min(kChunk, M - m0);
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const float* panel = wp + p * K * kPanel;
-        for (int64_t r = 0; r < rows; r += kRows) {
-          const float* xr = xp + (m0 + r) * K;
-          float* yr = yp + (m0 + r) * N;
-          switch (std::min(kRows, rows - r)) {
-            case 1: tile<1>(xr, K, panel, bp, yr, N, p * kPanel); break;
-            case 2: tile<2>(xr, K, panel, bp, yr, N, p * kPanel); break;
-            case 3: tile<3>(xr, K, panel, bp, yr, N, p * kPanel); break;
-            case 4: tile<4>(xr, K, panel, bp, yr, N, p * kPanel); break;
-            case 5: tile<5>(xr, K, panel, bp, yr, N, p * kPanel); break;
-            default: tile<6>(xr, K, panel, bp, yr, N, p * kPanel);
-          }
-        }
-      }
-    });
+  if (packed.scalar_type() == at::kFloat) {
+    run_panels(x.data_ptr<float>(), packed.data_ptr<float>(), bp, y.data_ptr<float>(), M, N, K,
+               panels);
+  } else {
+    run_panels(x.data_ptr<float>(), packed.data_ptr<bf16>(), bp, y.data_ptr<float>(), M, N, K,
+               panels);
   }
   return y;
 }
