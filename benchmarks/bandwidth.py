@@ -99,11 +99,17 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
 
 
 def decode_bound(model_dir: Path, bandwidth: Bandwidth, prompt_tokens: int, new_tokens: int,
-                 dtype: str = "bfloat16") -> DecodeBound:
-    """Batch-1 decode bound for a model folder served in `dtype`."""
+                 dtype: str = "bfloat16", checkpoint_dtype: str | None = None) -> DecodeBound:
+    """Batch-1 decode bound for a model folder served in `dtype`.
+
+    Weights count at the narrower of `dtype` and the checkpoint's own dtype: a
+    bf16 checkpoint served in fp32 holds no more information than its bf16
+    bytes, so an engine that keeps them as bf16 reads only those.
+    """
     size = _DTYPE_BYTES[dtype]
     config = json.loads((model_dir / "config.json").read_text())
-    weights = safetensors_params(model_dir) * size
+    weight_size = min(size, _DTYPE_BYTES[checkpoint_dtype or dtype])
+    weights = safetensors_params(model_dir) * weight_size
     mean_context = prompt_tokens + new_tokens // 2
     kv = kv_bytes_per_token(config, size) * mean_context
     return DecodeBound(weight_bytes=weights, kv_bytes=kv,

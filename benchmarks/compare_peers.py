@@ -39,7 +39,7 @@ except ImportError as exc:
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("switchyard", "switchyard-engine", "hf-generate", "hf-generate-batch", "vllm",
-         "llamacpp")
+         "llamacpp", "llamacpp-bf16")
 MAKE_MODEL = HERE.parent.parent / "shared" / "tools" / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
 QUICK = {"shapes": "small", "streams": "1,2", "prompt_tokens": 16, "new_tokens": 8,
@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                    help="weights and activations for every peer (default auto: bfloat16 "
                         "where the CPU has avx512_bf16 or amx_bf16, else float32)")
+    p.add_argument("--checkpoint-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="dtype the shapes' weights are saved in, as the real SmolLM2 and "
+                        "Qwen2.5 checkpoints are (default bfloat16); peers load them in --dtype")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -111,6 +114,7 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
         "hf-generate-batch": lambda: TransformersPeer("generate_batch"),
         "vllm": lambda: VllmPeer(args.vllm_args),
         "llamacpp": lambda: LlamaCppPeer(args.dtype),
+        "llamacpp-bf16": lambda: LlamaCppPeer("bfloat16", name="llamacpp-bf16"),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:
@@ -119,13 +123,44 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
 
 
 def ensure_model(shape: str, args: argparse.Namespace) -> Path:
-    """The shape's model folder, built with make_model.py if it is not there yet."""
+    """The shape's model folder in `--checkpoint-dtype`, built if it is not there yet.
+
+    make_model.py saves fp32; a bf16 checkpoint is that model rounded to bf16
+    once, in a folder of its own (`<shape>-bf16`).
+    """
     folder = args.models_dir / shape
     if not (folder / "config.json").exists():
         print(f"building the {shape} model into {args.models_dir} ...", flush=True)
         subprocess.run([sys.executable, str(args.make_model), shape, "--out",
                         str(args.models_dir)], check=True)
-    return folder
+    if args.checkpoint_dtype == "float32":
+        return folder
+    narrowed = args.models_dir / f"{shape}-bf16"
+    if not (narrowed / "config.json").exists():
+        print(f"saving {folder} as bf16 into {narrowed} ...", flush=True)
+        save_bf16_copy(folder, narrowed)
+    return narrowed
+
+
+def save_bf16_copy(source: Path, target: Path) -> None:
+    """`source`'s checkpoint with every floating tensor rounded to bf16; other files copied."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, ignore=shutil.ignore_patterns("*.safetensors"))
+    for weights in source.glob("*.safetensors"):
+        tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t
+                   for name, t in load_file(weights).items()}
+        save_file(tensors, partial / weights.name, metadata={"format": "pt"})
+    config = json.loads((partial / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    config.pop("torch_dtype", None)
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    partial.rename(target)  # only a finished folder gets the final name
 
 
 def write_prompts(model_dir: Path, shape: str, count: int,
@@ -186,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     settings: dict[str, object] = {
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "streams": streams,
-        "dtype": args.dtype, "sampling": "greedy, EOS ignored", "peer_timeout_s": args.peer_timeout}
+        "dtype": args.dtype, "checkpoint_dtype": args.checkpoint_dtype,
+        "sampling": "greedy, EOS ignored", "peer_timeout_s": args.peer_timeout}
     run_report = report.RunReport(command=shlex.join([Path(sys.executable).name, *sys.argv]),
                                   machine=machine(), settings=settings)
     print(run_report.machine, flush=True)
@@ -204,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         if run_report.bandwidth is not None:
             run_report.bounds[shape] = bandwidth.decode_bound(
                 model_dir, run_report.bandwidth, args.prompt_tokens, args.new_tokens,
-                args.dtype)
+                args.dtype, args.checkpoint_dtype)
         prompts, prompts_file = write_prompts(model_dir, shape, max(streams), args)
         for peer in peers:
             started = time.monotonic()

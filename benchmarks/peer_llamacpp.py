@@ -31,7 +31,8 @@ class LlamaCppPeer(ServerPeer):
     name = "llamacpp"
     ready_path = "/v1/models"
 
-    def __init__(self, dtype: str = "bfloat16") -> None:
+    def __init__(self, dtype: str = "bfloat16", name: str = "llamacpp") -> None:
+        self.name = name
         self.outtype = OUTTYPES[dtype]
         self.note = (f"{self.outtype} GGUF; 1 stream in-process, more through llama_cpp.server "
                      "(one request at a time)")
@@ -46,14 +47,15 @@ class LlamaCppPeer(ServerPeer):
 
     def _convert(self, run: ShapeRun) -> Path:
         """The shape's GGUF, converted on first use."""
-        gguf = run.out_dir / "gguf" / f"{run.shape}-{self.outtype}.gguf"
+        # Named by the model folder: a bf16 and an fp32 checkpoint of a shape differ.
+        gguf = run.out_dir / "gguf" / f"{run.model_dir.name}-{self.outtype}.gguf"
         if not gguf.exists():
             gguf.parent.mkdir(parents=True, exist_ok=True)
             partial = gguf.with_suffix(".partial")
             argv = [str(PYTHON), str(WORKERS / "llamacpp_worker.py"), "convert",
                     "--model", str(run.model_dir), "--out", str(partial),
                     "--llama-cpp", str(SOURCE), "--outtype", self.outtype]
-            log = run.out_dir / "logs" / f"gguf-{run.shape}-{self.outtype}.log"
+            log = run.out_dir / "logs" / f"gguf-{run.model_dir.name}-{self.outtype}.log"
             _, problem = run_worker(argv, log, run.left_s())
             if problem or not partial.exists():
                 raise RuntimeError(f"GGUF conversion failed: {problem or 'no output file'}")

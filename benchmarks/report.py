@@ -39,7 +39,8 @@ def markdown(report: RunReport) -> str:
     """The comparison table, then batch 1 against the bandwidth bound, then notes."""
     out = ["# Switchyard vs peers", "", f"`{report.command}`", "", report.machine, ""]
     settings = ", ".join(f"{k}={v}" for k, v in report.settings.items())
-    out += [f"Dtype: **{report.settings.get('dtype', '?')}** (every peer).", "",
+    out += [f"Dtype: **{report.settings.get('dtype', '?')}** (every peer); checkpoint saved in "
+            f"{report.settings.get('checkpoint_dtype', 'float32')}.", "",
             f"Settings: {settings}.", ""]
     rows = [[p.shape, p.peer, str(p.streams), p.status, _num(p.output_tokens_per_s),
              _ms(p.ttft_p50_s), _ms(p.ttft_p90_s), _ms(p.itl_p50_s), _ms(p.itl_p90_s),
@@ -49,6 +50,9 @@ def markdown(report: RunReport) -> str:
     if report.bandwidth is not None:
         bw = report.bandwidth
         dtype = report.settings.get("dtype", "bfloat16")
+        stored = report.settings.get("checkpoint_dtype", dtype)
+        if stored == "bfloat16":  # the least a peer reads without quantizing
+            dtype = "bfloat16"
         out += ["", "## Batch 1 against the memory-bandwidth bound", "",
                 (f"Read bandwidth {bw.read_gbs:.1f} GB/s (sum of a {bw.size_mib} MiB float32 "
                  f"tensor, {bw.threads} threads, best of {bw.repeats}); copy "
