@@ -92,6 +92,11 @@ class _Layer:
     scaling: float
     window: int | None
 
+    @property
+    def kernel_window(self) -> int:
+        """The window as the paged decode kernel takes it: 0 for none."""
+        return self.window if self.window is not None and self.window > 0 else 0
+
 
 def decoder_unsupported(model: torch.nn.Module) -> str:
     """'' when :class:`LlamaFamilyDecoder` can run ``model``, else why not.
@@ -166,6 +171,10 @@ class LlamaFamilyDecoder:
         ops, heads, kv_heads, dim = self.ops, self.heads, self.kv_heads, self.head_dim
         tokens = ids.shape[0]
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        # A step of decode rows only (the steady state) calls the paged kernel
+        # straight on the queries' view of q|k|v: no per-layer views or routing.
+        decode = step.decode if step.decode is not None and step.decode.rows is None else None
+        keys, values = step.cache.keys, step.cache.values
         residual = self.embed(ids)
         cos, sin = self.rotary(residual.unsqueeze(0), positions.unsqueeze(0))
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
@@ -174,15 +183,21 @@ class LlamaFamilyDecoder:
             if i:
                 ops.add_rms_norm_(h, residual, layer.input_norm, layer.eps)
             qkv = layer.qkv(h)
-            ops.rotary_store_(qkv, cos, sin, step.cache.keys[i], step.cache.values[i],
-                              step.slots, heads, kv_heads)
-            q = qkv[:, :q_end].view(tokens, heads, dim).transpose(0, 1)
-            k = qkv[:, q_end:k_end].view(tokens, kv_heads, dim).transpose(0, 1)
-            v = qkv[:, k_end:].view(tokens, kv_heads, dim).transpose(0, 1)
-            attended = attend_packed(i, q, k, v, step, layer.scaling, layer.window)
+            ops.rotary_store_(qkv, cos, sin, keys[i], values[i], step.slots, heads, kv_heads)
+            if decode is not None:
+                attended = decode.kernel(qkv[:, :q_end].view(tokens, heads, dim), keys[i],
+                                         values[i], decode.tables, decode.lens, layer.scaling,
+                                         layer.kernel_window)
+            else:
+                q = qkv[:, :q_end].view(tokens, heads, dim).transpose(0, 1)
+                k = qkv[:, q_end:k_end].view(tokens, kv_heads, dim).transpose(0, 1)
+                v = qkv[:, k_end:].view(tokens, kv_heads, dim).transpose(0, 1)
+                attended = attend_packed(i, q, k, v, step, layer.scaling, layer.window)
             h = layer.o_proj(attended.reshape(tokens, q_end))
             ops.add_rms_norm_(h, residual, layer.post_norm, layer.eps)
             h = layer.down(ops.silu_and_mul(layer.gate_up(h)))
         # Only the kept rows need the final norm and the vocabulary projection.
+        if tokens == keep.shape[0]:  # every row is kept (a decode step): no gathers
+            return self.lm_head(ops.rms_norm(residual.add_(h), self.final_norm, self.final_eps))
         last = (residual.index_select(0, keep) + h.index_select(0, keep)).contiguous()
         return self.lm_head(ops.rms_norm(last, self.final_norm, self.final_eps))

@@ -211,9 +211,10 @@ class XeonEngine(Engine):
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
         measured to win, bf16 and other CPUs on oneDNN; ``onednn``: oneDNN for
         both; ``stock``: fused but not packed), ``panel_storage`` (``auto``:
-        panels of weights that hold only bf16 values, as a bf16 checkpoint loaded
-        in fp32 does, are stored as bf16, exactly; ``float32``: never), ``attention`` (``auto``: the native kernel when it builds;
-        ``sdpa``: never) and ``forward`` (``auto``: the hand-written decoder for
+        panels of weights that hold only bf16 values, as a bf16 checkpoint
+        loaded in fp32 does, are stored as bf16, exactly; ``float32``: never),
+        ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
+        never) and ``forward`` (``auto``: the hand-written decoder for
         the Llama family, transformers' forward for other architectures;
         ``transformers``: always the latter). Logs each choice; returns the
         forward pass and the decode kernel (None for the portable path).
