@@ -110,6 +110,21 @@ def test_native_ops_reject_bad_inputs(native_ops):
         native_ops.rms_norm(torch.zeros(2, 8), torch.zeros(9), 1e-6)
 
 
+
+def test_decode_layers_rejects_mismatched_layer_lists(native_ops):
+    ops = torch.ops.switchyard_xeon
+    x = torch.zeros(1, 64)
+    pool = torch.zeros(2, 4, 4, 16)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="six weights"):  # one layer, five weights
+        ops.decode_layers(x, x.clone(), torch.zeros(1, 16), torch.zeros(1, 16),
+                          torch.zeros(1, dtype=torch.long), one[None], one + 1, [x] * 5,
+                          [None] * 4, [pool], [pool], [0.25], [0], [1e-5], 4, 2)
+    with pytest.raises(RuntimeError, match=r"\[tokens, hidden\]"):
+        ops.decode_layers(x, torch.zeros(2, 64), torch.zeros(1, 16), torch.zeros(1, 16),
+                          torch.zeros(1, dtype=torch.long), one[None], one + 1, [x] * 6,
+                          [None] * 4, [pool], [pool], [0.25], [0], [1e-5], 4, 2)
+
 # ------------------------------------------------------------------ families
 
 def _llama():
@@ -171,7 +186,12 @@ def test_the_families_take_the_decoder_and_others_do_not(family_model):
 
 
 def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplog):
-    """Greedy tokens equal ``generate``'s and the transformers forward's, with chunked prefill."""
+    """Greedy tokens equal ``generate``'s, with chunked prefill, on every forward pass.
+
+    The decoder's decode steps run as one native call (``forward=auto`` where
+    the projections are panel linears) or as its Python loop
+    (``forward=decoder``); transformers' own forward is the third.
+    """
     folder, model = family_model
     prompts = [prompt_of(n, start=s) for n, s in ((21, 1), (6, 2), (33, 3))]
     prompts = [[t % 500 + 1 for t in p] for p in prompts]
@@ -184,7 +204,9 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
                                  eos_token_id=None, pad_token_id=0)
             want.append(out[0, len(prompt):].tolist())
     got = {}
-    for forward in ("auto", "transformers"):
+    flags = read_cpu_info().flags  # projections take the panel kernel on AVX2-only CPUs
+    panels = {"avx2", "fma"} <= flags and "avx512f" not in flags
+    for forward in ("auto", "decoder", "transformers"):
         with caplog.at_level("INFO", logger="switchyard.xeon"):
             engine = XeonEngine(EngineConfig(
                 model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
@@ -192,8 +214,11 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
             engine.start()
         try:
             runner_forward = engine._runner._forward
-            expected = LlamaFamilyDecoder if forward == "auto" else TransformersForward
+            expected = TransformersForward if forward == "transformers" else LlamaFamilyDecoder
             assert isinstance(runner_forward, expected)
+            if forward != "transformers":
+                # decode steps in one native call (decode_layers.cpp) or a Python loop
+                assert (runner_forward.native is not None) == (forward == "auto" and panels)
             sink = Collector()
             for i, prompt in enumerate(prompts):
                 engine.submit(greedy_request(f"r{i}", prompt, new), sink)
@@ -201,7 +226,9 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
         finally:
             engine.shutdown()
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
+    assert ("decode steps run every layer in one native call" in caplog.text) == panels
     assert got["auto"] == want
+    assert got["decoder"] == want
     assert got["transformers"] == want
 
 

@@ -26,8 +26,8 @@ from typing import Protocol
 
 import torch
 
-from switchyard_xeon.attention import STEP_KWARG, StepMetadata, attend_packed
-from switchyard_xeon.kernels import FusedOps
+from switchyard_xeon.attention import STEP_KWARG, DecodeRows, StepMetadata, attend_packed
+from switchyard_xeon.kernels import FusedOps, NativeFusedOps
 from switchyard_xeon.linears import PanelLinear, fused_module
 
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
@@ -75,6 +75,17 @@ def _matmul(module: torch.nn.Module) -> Matmul:
     reshapes) is a few percent of the step.
     """
     return module.rows if isinstance(module, PanelLinear) else module
+
+
+@dataclass(frozen=True)
+class _NativeLayers:
+    """The per-layer arguments of ``switchyard_xeon::decode_layers``, gathered once."""
+
+    weights: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    scalings: list[float]
+    windows: list[int]
+    eps: list[float]
 
 
 @dataclass(frozen=True)
@@ -134,9 +145,13 @@ class LlamaFamilyDecoder:
     """A Llama-family forward written out over fused ops; see the module docstring.
 
     Call :func:`decoder_unsupported` first: the constructor assumes the model passed.
+    Steps of decode rows only run every layer in one native call
+    (``kernels/decode_layers.cpp``) where the fused ops are native and every
+    projection is a :class:`~switchyard_xeon.linears.PanelLinear`, unless
+    ``native_loop`` is False; other steps, and other set-ups, loop in Python.
     """
 
-    def __init__(self, model: torch.nn.Module, ops: FusedOps) -> None:
+    def __init__(self, model: torch.nn.Module, ops: FusedOps, native_loop: bool = True) -> None:
         config = model.config
         self.ops = ops
         self.embed = model.model.embed_tokens
@@ -164,27 +179,48 @@ class LlamaFamilyDecoder:
                 window=window,
             ))
         self.head_dim = int(model.model.layers[0].self_attn.head_dim)
+        # The one-call layer loop's arguments; None where it cannot run.
+        self.native = _native_layers(model, self.layers, ops) if native_loop else None
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
                  step: StepMetadata) -> torch.Tensor:
         """See :class:`PackedForward`."""
-        ops, heads, kv_heads, dim = self.ops, self.heads, self.kv_heads, self.head_dim
+        ops = self.ops
         tokens = ids.shape[0]
-        q_end, k_end = heads * dim, (heads + kv_heads) * dim
-        # A step of decode rows only (the steady state) calls the paged kernel
-        # straight on the queries' view of q|k|v: no per-layer views or routing.
-        decode = step.decode if step.decode is not None and step.decode.rows is None else None
-        keys, values = step.cache.keys, step.cache.values
         residual = self.embed(ids)
         cos, sin = self.rotary(residual.unsqueeze(0), positions.unsqueeze(0))
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
         h = ops.rms_norm(residual, self.layers[0].input_norm, self.layers[0].eps)
+        # A step of decode rows only (the steady state) needs no per-sequence
+        # routing: the paged kernel takes every query at once.
+        decode = step.decode if step.decode is not None and step.decode.rows is None else None
+        native = self.native
+        if decode is not None and native is not None:
+            h = torch.ops.switchyard_xeon.decode_layers.default(
+                residual, h, cos, sin, step.slots, decode.tables, decode.lens, native.weights,
+                native.biases, step.cache.keys, step.cache.values, native.scalings,
+                native.windows, native.eps, self.heads, self.kv_heads)
+        else:
+            h = self._layers(h, residual, cos, sin, step, decode)
+        # Only the kept rows need the final norm and the vocabulary projection.
+        if tokens == keep.shape[0]:  # every row is kept (a decode step): no gathers
+            return self.lm_head(ops.rms_norm(residual.add_(h), self.final_norm, self.final_eps))
+        last = (residual.index_select(0, keep) + h.index_select(0, keep)).contiguous()
+        return self.lm_head(ops.rms_norm(last, self.final_norm, self.final_eps))
+
+    def _layers(self, h: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, step: StepMetadata, decode: DecodeRows | None) -> torch.Tensor:
+        """The layer loop in Python; ``decode`` is set when every row decodes."""
+        ops, heads, kv_heads, dim = self.ops, self.heads, self.kv_heads, self.head_dim
+        tokens = h.shape[0]
+        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        keys, values = step.cache.keys, step.cache.values
         for i, layer in enumerate(self.layers):
             if i:
                 ops.add_rms_norm_(h, residual, layer.input_norm, layer.eps)
             qkv = layer.qkv(h)
             ops.rotary_store_(qkv, cos, sin, keys[i], values[i], step.slots, heads, kv_heads)
-            if decode is not None:
+            if decode is not None:  # the kernel reads the queries in place
                 attended = decode.kernel(qkv[:, :q_end].view(tokens, heads, dim), keys[i],
                                          values[i], decode.tables, decode.lens, layer.scaling,
                                          layer.kernel_window)
@@ -196,8 +232,28 @@ class LlamaFamilyDecoder:
             h = layer.o_proj(attended.reshape(tokens, q_end))
             ops.add_rms_norm_(h, residual, layer.post_norm, layer.eps)
             h = layer.down(ops.silu_and_mul(layer.gate_up(h)))
-        # Only the kept rows need the final norm and the vocabulary projection.
-        if tokens == keep.shape[0]:  # every row is kept (a decode step): no gathers
-            return self.lm_head(ops.rms_norm(residual.add_(h), self.final_norm, self.final_eps))
-        last = (residual.index_select(0, keep) + h.index_select(0, keep)).contiguous()
-        return self.lm_head(ops.rms_norm(last, self.final_norm, self.final_eps))
+        return h
+
+def _native_layers(model: torch.nn.Module, layers: list[_Layer],
+                   ops: FusedOps) -> _NativeLayers | None:
+    """The one-call layer loop's arguments, when every piece it chains is native.
+
+    It needs the native fused ops and every projection on the panel kernel
+    (fp32 activations); otherwise the decoder stays on its Python loop.
+    """
+    if not isinstance(ops, NativeFusedOps):
+        return None
+    weights: list[torch.Tensor] = []
+    biases: list[torch.Tensor | None] = []
+    for spec, layer in zip(layers, model.model.layers, strict=True):
+        linears = (_qkv(layer.self_attn), layer.self_attn.o_proj, _gate_up(layer.mlp),
+                   layer.mlp.down_proj)
+        if not all(isinstance(m, PanelLinear) for m in linears):
+            return None
+        weights += [spec.input_norm, spec.post_norm]
+        weights += [m.packed_weight for m in linears]  # type: ignore[union-attr]
+        biases += [m.bias for m in linears]  # type: ignore[union-attr]
+    return _NativeLayers(weights=weights, biases=biases,
+                         scalings=[spec.scaling for spec in layers],
+                         windows=[spec.kernel_window for spec in layers],
+                         eps=[spec.eps for spec in layers])

@@ -215,14 +215,16 @@ class XeonEngine(Engine):
         loaded in fp32 does, are stored as bf16, exactly; ``float32``: never),
         ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
         never) and ``forward`` (``auto``: the hand-written decoder for
-        the Llama family, transformers' forward for other architectures;
-        ``transformers``: always the latter). Logs each choice; returns the
+        the Llama family, its decode steps in one native call where its pieces
+        are native, transformers' forward for other architectures;
+        ``decoder``: the same with the layer loop always in Python;
+        ``transformers``: always transformers' forward). Logs each choice; returns the
         forward pass and the decode kernel (None for the portable path).
         """
         options = self.config.options
         linears = _option(options, "linears", ("packed", "onednn", "stock"))
         mode = _option(options, "attention", ("auto", "sdpa"))
-        forward_mode = _option(options, "forward", ("auto", "transformers"))
+        forward_mode = _option(options, "forward", ("auto", "decoder", "transformers"))
         storage = _option(options, "panel_storage", ("auto", "float32"))
         status = load_kernels()
         # The panel kernel is AVX2/FMA code: oneDNN's AVX-512 kernels have twice its width.
@@ -242,9 +244,12 @@ class XeonEngine(Engine):
             logger.info("forward: transformers' (%s)", why)
             return TransformersForward(model), kernel
         ops = status.fused or TorchFusedOps()
-        logger.info("forward: hand-written Llama-family decoder, %s",
-                    "native fused ops (C++)" if status.fused else "PyTorch ops (no native kernels)")
-        return LlamaFamilyDecoder(model, ops), kernel
+        decoder = LlamaFamilyDecoder(model, ops, native_loop=forward_mode == "auto")
+        logger.info("forward: hand-written Llama-family decoder, %s%s",
+                    "native fused ops (C++)" if status.fused else "PyTorch ops (no native kernels)",
+                    "; decode steps run every layer in one native call"
+                    if decoder.native is not None and kernel is not None else "")
+        return decoder, kernel
 
     def warmup(self) -> WarmupReport:
         """Push one small request (prefill and decode) through the loop and wait for it."""

@@ -1,13 +1,15 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Two sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Four sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
 - ``fused_ops.cpp``: the fused steps of a Llama-family layer the hand-written
   decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`);
 - ``panel_gemm.cpp``: fp32 linears over weights packed in panels of 16 output
-  features, stored as fp32 or bf16 (:class:`~switchyard_xeon.linears.PanelLinear`).
+  features, stored as fp32 or bf16 (:class:`~switchyard_xeon.linears.PanelLinear`);
+- ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
+  same kernels chained from C++ (``ops.h`` declares them).
 
 They are compiled with ``torch.utils.cpp_extension`` for this CPU
 (``-march=native``: AVX-512 where there is some) into torch's extension cache,
@@ -37,7 +39,9 @@ import torch
 logger = logging.getLogger("switchyard.xeon")
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp",
-                                                                "panel_gemm.cpp"))
+                                                                "panel_gemm.cpp",
+                                                                "decode_layers.cpp"))
+_HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
 PagedDecodeFn = Callable[
@@ -140,7 +144,7 @@ def _build() -> PagedDecodeFn:
     from torch.utils import cpp_extension
 
     _ninja_on_path()
-    source = b"".join(path.read_bytes() for path in _SOURCES)
+    source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     # -march=native code is only valid on CPUs like this one: the name carries the
     # source, the flags and the CPU's features, so a shared cache never mixes them up.
     key = hashlib.sha256(

@@ -15,6 +15,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cmath>
 
 namespace {
@@ -224,6 +226,20 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 }
 
 }  // namespace
+
+void switchyard_xeon::add_rms_norm_(at::Tensor& x, at::Tensor& residual,
+                                    const at::Tensor& weight, double eps) {
+  ::add_rms_norm_(x, residual, weight, eps);
+}
+
+void switchyard_xeon::rotary_store_(at::Tensor& qkv, const at::Tensor& cos,
+                                    const at::Tensor& sin, at::Tensor& k_pool,
+                                    at::Tensor& v_pool, const at::Tensor& slots, int64_t heads,
+                                    int64_t kv_heads) {
+  ::rotary_store_(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads);
+}
+
+at::Tensor switchyard_xeon::silu_and_mul(const at::Tensor& x) { return ::silu_and_mul(x); }
 
 TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

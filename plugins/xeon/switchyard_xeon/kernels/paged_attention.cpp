@@ -15,6 +15,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -184,6 +186,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 }
 
 }  // namespace
+
+at::Tensor switchyard_xeon::paged_decode_attention(
+    const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+    int64_t window) {
+  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale, window);
+}
 
 TORCH_LIBRARY(switchyard_xeon, m) {
   m.def(

@@ -21,6 +21,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -243,6 +245,11 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
 }
 
 }  // namespace
+
+at::Tensor switchyard_xeon::panel_linear(const at::Tensor& x, const at::Tensor& packed,
+                                         const c10::optional<at::Tensor>& bias, int64_t n) {
+  return ::panel_linear(x, packed, bias, n);
+}
 
 TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
   m.def("pack_panels(Tensor weight) -> Tensor");

@@ -1,0 +1,27 @@
+// The kernels of this library as C++ functions, for code in the library that
+// chains them (decode_layers.cpp) without a trip through the dispatcher.
+// Each is the function registered as the switchyard_xeon operator of the
+// same name; see that operator's source file for its contract.
+
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace switchyard_xeon {
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                  const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, double scale, int64_t window);
+
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
+                        const c10::optional<at::Tensor>& bias, int64_t n);
+
+void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+
+void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                   at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slots,
+                   int64_t heads, int64_t kv_heads);
+
+at::Tensor silu_and_mul(const at::Tensor& x);
+
+}  // namespace switchyard_xeon
