@@ -234,6 +234,7 @@ class LlamaFamilyDecoder:
             h = layer.down(ops.silu_and_mul(layer.gate_up(h)))
         return h
 
+
 def _native_layers(model: torch.nn.Module, layers: list[_Layer],
                    ops: FusedOps) -> _NativeLayers | None:
     """The one-call layer loop's arguments, when every piece it chains is native.

@@ -162,6 +162,10 @@ class FusedSibling(torch.nn.Module):
         return f"part={self.index}, out_features={self.out_features}"
 
 
+Packer = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
+"""Makes the packed module for a weight and optional bias."""
+
+
 @dataclass(frozen=True)
 class PackReport:
     """What :func:`pack_linears` did, for the start-up log."""
@@ -243,10 +247,6 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
     sizes = {m.in_features for m in group if isinstance(m, torch.nn.Linear)}
     return len(sizes) == 1
-
-
-Packer = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
-"""Makes the packed module for a weight and optional bias."""
 
 
 def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.Linear],
