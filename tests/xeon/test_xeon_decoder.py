@@ -161,6 +161,41 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
 }
 
 
+def _generate(model: torch.nn.Module, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers ``generate``'s greedy continuation of each prompt, one at a time."""
+    want = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                 dtype=torch.long), do_sample=False, max_new_tokens=new,
+                                 eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(prompt):].tolist())
+    return want
+
+
+def _started(folder: Path, **options: str) -> XeonEngine:
+    """A started fp32 engine on ``folder`` with small blocks and prefill chunks of 16 tokens."""
+    engine = XeonEngine(EngineConfig(
+        model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
+        options={**TEST_OPTIONS, "block_size": "4", **options}))
+    engine.start()
+    return engine
+
+
+def _engine_tokens(engine: XeonEngine, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """Submit every prompt at once (their decode steps batch) and return their greedy tokens."""
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(greedy_request(f"r{i}", prompt, new), sink)
+    return [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+
+
+def _panels_here() -> bool:
+    """Whether fp32 projections take the panel kernel here (AVX2 without AVX-512)."""
+    flags = read_cpu_info().flags
+    return {"avx2", "fma"} <= flags and "avx512f" not in flags
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_model(request, tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     """A tiny random model of one family, saved as a model folder, and its fp32 reference."""
@@ -196,22 +231,12 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     prompts = [prompt_of(n, start=s) for n, s in ((21, 1), (6, 2), (33, 3))]
     prompts = [[t % 500 + 1 for t in p] for p in prompts]
     new = 10
-    want = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                 dtype=torch.long), do_sample=False, max_new_tokens=new,
-                                 eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(prompt):].tolist())
+    want = _generate(model, prompts, new)
     got = {}
-    flags = read_cpu_info().flags  # projections take the panel kernel on AVX2-only CPUs
-    panels = {"avx2", "fma"} <= flags and "avx512f" not in flags
+    panels = _panels_here()
     for forward in ("auto", "decoder", "transformers"):
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = XeonEngine(EngineConfig(
-                model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
-                options={**TEST_OPTIONS, "block_size": "4", "forward": forward}))
-            engine.start()
+            engine = _started(folder, forward=forward)
         try:
             runner_forward = engine._runner._forward
             expected = TransformersForward if forward == "transformers" else LlamaFamilyDecoder
@@ -219,10 +244,7 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
             if forward != "transformers":
                 # decode steps in one native call (decode_layers.cpp) or a Python loop
                 assert (runner_forward.native is not None) == (forward == "auto" and panels)
-            sink = Collector()
-            for i, prompt in enumerate(prompts):
-                engine.submit(greedy_request(f"r{i}", prompt, new), sink)
-            got[forward] = [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+            got[forward] = _engine_tokens(engine, prompts, new)
         finally:
             engine.shutdown()
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
@@ -232,37 +254,24 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert got["transformers"] == want
 
 
-def test_a_bf16_checkpoint_run_in_fp32_gives_generates_tokens(tmp_path, caplog):
+def test_a_bf16_checkpoint_run_in_fp32_gives_generate_tokens(tmp_path, caplog):
     """bf16 weights loaded in fp32 go back to bf16 storage (panels) without changing a token."""
     torch.manual_seed(0)
     model = _llama().to(torch.bfloat16).eval()
     model.save_pretrained(tmp_path)
     model = model.float()
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((19, 1), (7, 2))]
-    want = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                 dtype=torch.long), do_sample=False, max_new_tokens=10,
-                                 eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(prompt):].tolist())
+    want = _generate(model, prompts, 10)
     got = {}
     for storage in ("auto", "float32"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = XeonEngine(EngineConfig(
-                model_path=str(tmp_path), dtype="float32", max_batch_prefill_tokens=16,
-                options={**TEST_OPTIONS, "block_size": "4", "panel_storage": storage}))
-            engine.start()
+            engine = _started(tmp_path, panel_storage=storage)
         try:
-            flags = read_cpu_info().flags  # the panel kernel runs on AVX2-only CPUs
-            if {"avx2", "fma"} <= flags and "avx512f" not in flags:
+            if _panels_here():
                 assert "linears: panel-packed float32" in caplog.text
                 assert ("13 hold only bf16 values" in caplog.text) == (storage == "auto")
-            sink = Collector()
-            for i, prompt in enumerate(prompts):
-                engine.submit(greedy_request(f"r{i}", prompt, 10), sink)
-            got[storage] = [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
+            got[storage] = _engine_tokens(engine, prompts, 10)
         finally:
             engine.shutdown()
     assert got["auto"] == got["float32"] == want
