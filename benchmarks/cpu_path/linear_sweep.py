@@ -11,7 +11,8 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 ``packed:HINT`` reorders the weights once for a batch-size hint of HINT rows
 (``none``: oneDNN's default); it is what ``switchyard_xeon.linears`` does at load.
 ``panel`` is the engine's own fp32 kernel, ``panel:bf16`` the same with the
-weights stored as bf16 (fp32 math). ``int8`` is weight-only int8 with per-row scales (``torch._weight_int8pack_mm``),
+weights stored as bf16 (fp32 math). ``int8`` is weight-only int8 with per-row
+scales (``torch._weight_int8pack_mm``),
 and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
 W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
 candidates for batch-1 decode that the engine does not use.
