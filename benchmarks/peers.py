@@ -132,8 +132,11 @@ class SwitchyardPeer(ServerPeer):
         return None if exe.exists() else f"{exe} not found: run this with Switchyard's venv"
 
     def command(self, run: ShapeRun, port: int) -> tuple[list[str], dict[str, str]]:
+        # Prefix caching off, here and for vLLM: every wave reuses the prompts of the
+        # waves before it (and the warm-up's), which a cache would serve for free.
         argv = [str(Path(sys.executable).parent / "switchyard"), "serve",
                 "--model-id", str(run.model_dir), "--dtype", run.dtype,
+                "--engine-option", "prefix_caching=false",
                 "--hostname", "127.0.0.1", "--port", str(port), *self.extra_args]
         return argv, {"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"}
 
@@ -160,7 +163,8 @@ class VllmPeer(ServerPeer):
                 "--model", str(run.model_dir), "--served-model-name", "bench",
                 "--dtype", run.dtype, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(run.prompt_tokens + run.new_tokens + 64),
-                "--max-num-seqs", str(max(run.streams)), *self.extra_args]
+                "--max-num-seqs", str(max(run.streams)), "--no-enable-prefix-caching",
+                *self.extra_args]
         # Both variables may come from the caller's environment; these are the defaults:
         # a 4 GiB KV cache holds 64 streams of either shape, and OpenMP gets every core.
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
