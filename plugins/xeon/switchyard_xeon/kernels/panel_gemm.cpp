@@ -92,12 +92,17 @@ inline void load_step(const bf16* w, __m256& w0, __m256& w1) {
 #endif
 
 inline float weight_at(const float* step, int j) { return step[j]; }
-inline float weight_at(const bf16* step, int j) {
+// The order swaps positions 4-7 with 8-11, so it is its own inverse: feature j
+// is stored at position kBf16Order[j].
+constexpr bool order_is_involution() {
   for (int s = 0; s < kPanel; ++s) {
-    if (kBf16Order[s] == j) return static_cast<float>(step[s]);
+    if (kBf16Order[kBf16Order[s]] != s) return false;
   }
-  return 0.f;
+  return true;
 }
+static_assert(order_is_involution(), "kBf16Order must be its own inverse");
+
+inline float weight_at(const bf16* step, int j) { return static_cast<float>(step[kBf16Order[j]]); }
 
 // out[r, 0:16] = sum_k x[r, k] * panel[k, 0:16] for R rows (R <= kRows).
 // The accumulators are named variables, not an array: GCC keeps an array of
