@@ -37,6 +37,9 @@ namespace {
 constexpr int64_t kPanel = 16;  // output features per panel
 constexpr int64_t kRows = 6;    // rows of x per micro-kernel call
 constexpr int64_t kChunk = 512;  // rows per pass over the weights (each pass streams them all)
+// Prefetch distance in the weight stream: 2-8 KB ahead measured alike (a 30-layer
+// sweep of the 135M shape's linears, 1-64 rows: 0.80-0.94x the time without it).
+constexpr int64_t kPrefetchBytes = 4096;
 constexpr int64_t kWidenRows = 96;  // bf16 panels: widen once per pass above this many rows
 
 using bf16 = at::BFloat16;
@@ -104,93 +107,118 @@ static_assert(order_is_involution(), "kBf16Order must be its own inverse");
 
 inline float weight_at(const bf16* step, int j) { return static_cast<float>(step[kBf16Order[j]]); }
 
-// out[r, 0:16] = sum_k x[r, k] * panel[k, 0:16] for R rows (R <= kRows).
+// y[r, n0:n0+16] = sum_k x[r, k] * panel[k, 0:16] (+ bias) for R rows (R <= kRows),
+// stored straight from the accumulators when the panel is whole (n0 + 16 <= N),
+// through a small buffer for the ragged last panel.
 // The accumulators are named variables, not an array: GCC keeps an array of
 // vectors in registers but also stores it back on every iteration.
 template <int R, typename W>
-inline void micro(const float* x, int64_t x_stride, const W* panel, int64_t K,
-                  float* out /* [R][16] */) {
+inline void micro(const float* x, int64_t K, const W* panel, const float* bias, float* y,
+                  int64_t N, int64_t n0) {
+  const int64_t width = std::min(kPanel, N - n0);
 #ifdef SY_AVX2
   __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
   __m256 a3 = a0, b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
   const float* x0 = x;
-  const float* x1 = x + x_stride;
-  const float* x2 = x + 2 * x_stride;
-  const float* x3 = x + 3 * x_stride;
-  const float* x4 = x + 4 * x_stride;
-  const float* x5 = x + 5 * x_stride;
+  const float* x1 = x + K;
+  const float* x2 = x + 2 * K;
+  const float* x3 = x + 3 * K;
+  const float* x4 = x + 4 * K;
+  const float* x5 = x + 5 * K;
 #define SY_ROW(i)                                   \
   if constexpr (R > i) {                            \
     const __m256 v = _mm256_broadcast_ss(x##i + k); \
     a##i = _mm256_fmadd_ps(v, w0, a##i);            \
     b##i = _mm256_fmadd_ps(v, w1, b##i);            \
   }
+  // Weights kPrefetchBytes ahead (into the next panel near the end: panels are
+  // contiguous), so the first row tile of a panel does not wait on DRAM. The
+  // hardware prefetcher alone left batch-1 decode at ~14 GB/s of ~20.
+  constexpr int64_t ahead = kPrefetchBytes / (kPanel * sizeof(W));
   for (int64_t k = 0; k < K; ++k) {
     __m256 w0, w1;
+    _mm_prefetch(reinterpret_cast<const char*>(panel + (k + ahead) * kPanel), _MM_HINT_T0);
     load_step(panel + k * kPanel, w0, w1);
     SY_ROW(0) SY_ROW(1) SY_ROW(2) SY_ROW(3) SY_ROW(4) SY_ROW(5)
   }
 #undef SY_ROW
-#define SY_STORE(i)                                   \
-  if constexpr (R > i) {                              \
-    _mm256_storeu_ps(out + i * kPanel, a##i);         \
-    _mm256_storeu_ps(out + i * kPanel + 8, b##i);     \
+  if (width == kPanel) {
+    if (bias) {
+      const __m256 c0 = _mm256_loadu_ps(bias + n0), c1 = _mm256_loadu_ps(bias + n0 + 8);
+#define SY_BIAS(i)                          \
+  if constexpr (R > i) {                    \
+    a##i = _mm256_add_ps(a##i, c0);         \
+    b##i = _mm256_add_ps(b##i, c1);         \
   }
-  SY_STORE(0) SY_STORE(1) SY_STORE(2) SY_STORE(3) SY_STORE(4) SY_STORE(5)
+      SY_BIAS(0) SY_BIAS(1) SY_BIAS(2) SY_BIAS(3) SY_BIAS(4) SY_BIAS(5)
+#undef SY_BIAS
+    }
+#define SY_STORE(i)                                        \
+  if constexpr (R > i) {                                   \
+    _mm256_storeu_ps(y + i * N + n0, a##i);                \
+    _mm256_storeu_ps(y + i * N + n0 + 8, b##i);            \
+  }
+    SY_STORE(0) SY_STORE(1) SY_STORE(2) SY_STORE(3) SY_STORE(4) SY_STORE(5)
 #undef SY_STORE
+    return;
+  }
+  float buf[kRows * kPanel];
+#define SY_SPILL(i)                                   \
+  if constexpr (R > i) {                              \
+    _mm256_storeu_ps(buf + i * kPanel, a##i);         \
+    _mm256_storeu_ps(buf + i * kPanel + 8, b##i);     \
+  }
+  SY_SPILL(0) SY_SPILL(1) SY_SPILL(2) SY_SPILL(3) SY_SPILL(4) SY_SPILL(5)
+#undef SY_SPILL
 #else
-  float acc[R][kPanel] = {};
+  float buf[kRows * kPanel] = {};
   for (int64_t k = 0; k < K; ++k) {
     const W* w = panel + k * kPanel;
     for (int r = 0; r < R; ++r) {
-      const float xv = x[r * x_stride + k];
-      for (int j = 0; j < kPanel; ++j) acc[r][j] += xv * weight_at(w, j);
+      const float xv = x[r * K + k];
+      for (int j = 0; j < kPanel; ++j) buf[r * kPanel + j] += xv * weight_at(w, j);
     }
   }
-  for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + kPanel, out + r * kPanel);
 #endif
-}
-
-template <int R, typename W>
-void tile(const float* x, int64_t K, const W* panel, const float* bias, float* y,
-          int64_t N, int64_t n0) {
-  float buf[kRows * kPanel];
-  micro<R, W>(x, K, panel, K, buf);
-  const int64_t width = std::min(kPanel, N - n0);
   for (int r = 0; r < R; ++r) {
-    float* dst = y + r * N + n0;
-    const float* src = buf + r * kPanel;
-    if (bias) {
-      for (int64_t j = 0; j < width; ++j) dst[j] = src[j] + bias[n0 + j];
-    } else {
-      for (int64_t j = 0; j < width; ++j) dst[j] = src[j];
+    for (int64_t j = 0; j < width; ++j) {
+      y[r * N + n0 + j] = buf[r * kPanel + j] + (bias ? bias[n0 + j] : 0.0f);
     }
   }
 }
 
-// Every row tile of rows [0, rows) of x times one panel.
+// Every row tile of rows [0, rows) of x times one panel (output features n0..).
 template <typename W>
-void panel_rows(const float* x, const W* panel, const float* bp, float* y, int64_t rows,
+void panel_rows(const float* x, const W* panel, const float* bias, float* y, int64_t rows,
                 int64_t N, int64_t K, int64_t n0) {
   for (int64_t r = 0; r < rows; r += kRows) {
     const float* xr = x + r * K;
     float* yr = y + r * N;
     switch (std::min(kRows, rows - r)) {
-      case 1: tile<1>(xr, K, panel, bp, yr, N, n0); break;
-      case 2: tile<2>(xr, K, panel, bp, yr, N, n0); break;
-      case 3: tile<3>(xr, K, panel, bp, yr, N, n0); break;
-      case 4: tile<4>(xr, K, panel, bp, yr, N, n0); break;
-      case 5: tile<5>(xr, K, panel, bp, yr, N, n0); break;
-      default: tile<6>(xr, K, panel, bp, yr, N, n0);
+      case 1: micro<1>(xr, K, panel, bias, yr, N, n0); break;
+      case 2: micro<2>(xr, K, panel, bias, yr, N, n0); break;
+      case 3: micro<3>(xr, K, panel, bias, yr, N, n0); break;
+      case 4: micro<4>(xr, K, panel, bias, yr, N, n0); break;
+      case 5: micro<5>(xr, K, panel, bias, yr, N, n0); break;
+      default: micro<6>(xr, K, panel, bias, yr, N, n0);
     }
   }
 }
 
 // A bf16 panel widened to an fp32 one, in the fp32 feature order.
 void widen(const bf16* panel, int64_t K, float* out) {
+#ifdef SY_AVX2
   for (int64_t k = 0; k < K; ++k) {
-    for (int s = 0; s < kPanel; ++s) out[k * kPanel + kBf16Order[s]] = panel[k * kPanel + s];
+    __m256 w0, w1;
+    load_step(panel + k * kPanel, w0, w1);
+    _mm256_storeu_ps(out + k * kPanel, w0);
+    _mm256_storeu_ps(out + k * kPanel + 8, w1);
   }
+#else
+  for (int64_t k = 0; k < K; ++k) {
+    for (int j = 0; j < kPanel; ++j) out[k * kPanel + j] = weight_at(panel + k * kPanel, j);
+  }
+#endif
 }
 
 template <typename W>
@@ -206,15 +234,17 @@ void run_panels(const float* xp, const W* wp, const float* bp, float* yp, int64_
       std::vector<float> wide;
       for (int64_t p = begin; p < end; ++p) {
         const W* panel = wp + p * K * kPanel;
+        const float* xr = xp + m0 * K;
+        float* yr = yp + m0 * N;
         if constexpr (std::is_same_v<W, bf16>) {
           if (rows > kWidenRows) {
             wide.resize(K * kPanel);
             widen(panel, K, wide.data());
-            panel_rows(xp + m0 * K, wide.data(), bp, yp + m0 * N, rows, N, K, p * kPanel);
+            panel_rows(xr, wide.data(), bp, yr, rows, N, K, p * kPanel);
             continue;
           }
         }
-        panel_rows(xp + m0 * K, panel, bp, yp + m0 * N, rows, N, K, p * kPanel);
+        panel_rows(xr, panel, bp, yr, rows, N, K, p * kPanel);
       }
     });
   }
