@@ -21,6 +21,7 @@ from switchyard_xeon.decoder import (
     LlamaFamilyDecoder,
     TransformersForward,
     decoder_unsupported,
+    row_blocks,
 )
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
@@ -252,6 +253,42 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert got["auto"] == want
     assert got["decoder"] == want
     assert got["transformers"] == want
+
+
+def test_row_blocks_cover_the_rows_in_near_equal_slices():
+    assert row_blocks(7, 8) == [None]
+    assert row_blocks(8, 8) == [None]
+    assert row_blocks(9, 8) == [slice(0, 5), slice(5, 9)]
+    assert row_blocks(4096, 1024) == [slice(i, i + 1024) for i in range(0, 4096, 1024)]
+    blocks = row_blocks(1000, 300)
+    assert [b.stop - b.start for b in blocks] == [250, 250, 250, 250]
+
+
+def test_big_steps_run_their_rows_in_blocks_with_the_same_tokens(tmp_path, monkeypatch):
+    """Prefill steps longer than ROW_BLOCK run norms, projections and MLP block by block."""
+    from switchyard_xeon import decoder
+
+    torch.manual_seed(0)
+    model = _qwen2().eval()  # biases on q|k|v
+    model.save_pretrained(tmp_path)
+    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (9, 2))]
+    want = _generate(model, prompts, 6)
+    calls: list[int] = []
+    real = decoder.row_blocks
+
+    def spy(tokens: int, block: int | None = None) -> list[slice | None]:
+        blocks = real(tokens, block)
+        calls.append(len(blocks))
+        return blocks
+
+    monkeypatch.setattr(decoder, "ROW_BLOCK", 5)
+    monkeypatch.setattr(decoder, "row_blocks", spy)
+    engine = _started(tmp_path, forward="decoder")
+    try:
+        assert _engine_tokens(engine, prompts, 6) == want
+    finally:
+        engine.shutdown()
+    assert max(calls) >= 4  # a 16-token prefill step in blocks of at most 5 rows
 
 
 def test_a_bf16_checkpoint_run_in_fp32_gives_generate_tokens(tmp_path, caplog):

@@ -215,11 +215,19 @@ class LlamaFamilyDecoder:
         tokens = h.shape[0]
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
         keys, values = step.cache.keys, step.cache.values
+        blocks = row_blocks(tokens)  # [None] (all rows at once) for all but big steps
         for i, layer in enumerate(self.layers):
-            if i:
-                ops.add_rms_norm_(h, residual, layer.input_norm, layer.eps)
-            qkv = layer.qkv(h)
-            ops.rotary_store_(qkv, cos, sin, keys[i], values[i], step.slots, heads, kv_heads)
+            # Up to attention, row block by row block (see ROW_BLOCK).
+            parts = []
+            for rows in blocks:
+                h_rows = _rows(h, rows)
+                if i:
+                    ops.add_rms_norm_(h_rows, _rows(residual, rows), layer.input_norm, layer.eps)
+                qkv_rows = layer.qkv(h_rows)
+                ops.rotary_store_(qkv_rows, _rows(cos, rows), _rows(sin, rows), keys[i],
+                                  values[i], _rows(step.slots, rows), heads, kv_heads)
+                parts.append(qkv_rows)
+            qkv = parts[0] if len(parts) == 1 else torch.cat(parts)
             if decode is not None:  # the kernel reads the queries in place
                 attended = decode.kernel(qkv[:, :q_end].view(tokens, heads, dim), keys[i],
                                          values[i], decode.tables, decode.lens, layer.scaling,
@@ -229,10 +237,45 @@ class LlamaFamilyDecoder:
                 k = qkv[:, q_end:k_end].view(tokens, kv_heads, dim).transpose(0, 1)
                 v = qkv[:, k_end:].view(tokens, kv_heads, dim).transpose(0, 1)
                 attended = attend_packed(i, q, k, v, step, layer.scaling, layer.window)
-            h = layer.o_proj(attended.reshape(tokens, q_end))
-            ops.add_rms_norm_(h, residual, layer.post_norm, layer.eps)
-            h = layer.down(ops.silu_and_mul(layer.gate_up(h)))
+            attended = attended.reshape(tokens, q_end)
+            # From attention's output to the MLP's, row block by row block.
+            parts = []
+            for rows in blocks:
+                h_rows = layer.o_proj(_rows(attended, rows).contiguous())
+                ops.add_rms_norm_(h_rows, _rows(residual, rows), layer.post_norm, layer.eps)
+                parts.append(layer.down(ops.silu_and_mul(layer.gate_up(h_rows))))
+            h = parts[0] if len(parts) == 1 else torch.cat(parts)
         return h
+
+
+ROW_BLOCK = 1024
+"""Rows per pass of a layer's row-wise work (norms, projections, MLP) in big steps.
+
+A 4,096-token prefill step run whole writes [4096, 2 * intermediate] fp32
+activations (50 MB for the 135M shape), past the L3 cache: its gate|up matmul
+ran at 95-130 GFLOP/s where 1,024-row calls ran at ~160, and the whole step
+took 10.2-10.5 s where blocks of 512-2048 rows took 8.3-8.9 s (2-core EPYC,
+32 prompts of 128 tokens). Attention still sees every row at once.
+"""
+
+
+def row_blocks(tokens: int, block: int | None = None) -> list[slice | None]:
+    """``[0, tokens)`` as consecutive slices of at most ``block`` rows, nearly equal.
+
+    ``block`` defaults to :data:`ROW_BLOCK`; ``[None]`` stands for all rows at
+    once (no slicing at all) when they fit one block.
+    """
+    block = block or ROW_BLOCK
+    if tokens <= block:
+        return [None]
+    count = -(-tokens // block)
+    size = -(-tokens // count)
+    return [slice(start, min(start + size, tokens)) for start in range(0, tokens, size)]
+
+
+def _rows(tensor: torch.Tensor, rows: slice | None) -> torch.Tensor:
+    """``tensor``'s rows ``rows`` (a view), or ``tensor`` itself for None."""
+    return tensor if rows is None else tensor[rows]
 
 
 def _native_layers(model: torch.nn.Module, layers: list[_Layer],
