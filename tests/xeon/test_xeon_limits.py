@@ -16,9 +16,10 @@ def _blocks(tokens: int) -> int:
     return -(-tokens // 16)
 
 
-def _resolve(free_memory: int = 0, bytes_per_token: int = 1024, **config: object):
+def _resolve(free_memory: int = 0, bytes_per_token: int = 1024, threads: int = 8,
+             **config: object):
     return resolve_limits(EngineConfig(model_path="x", **config),  # type: ignore[arg-type]
-                          INFO, bytes_per_token, free_memory)
+                          INFO, bytes_per_token, free_memory, threads)
 
 
 def test_an_explicit_budget_is_the_cache_size_rounded_up_to_blocks():
@@ -53,6 +54,15 @@ def test_options():
     defaults, _ = _resolve()
     assert (defaults.max_waiting_tokens, defaults.waiting_served_ratio) == (20, 0.3)
     assert defaults.max_batch_prefill_tokens == 4096 and defaults.max_batch_size == 64
+
+
+@pytest.mark.parametrize(("threads", "tokens"), [(1, 512), (2, 1024), (6, 3072), (8, 4096),
+                                                 (64, 4096)])
+def test_the_default_prefill_budget_scales_with_the_threads(threads, tokens):
+    limits, _ = _resolve(threads=threads)
+    assert limits.max_batch_prefill_tokens == tokens
+    explicit, _ = _resolve(threads=threads, max_batch_prefill_tokens=300)
+    assert explicit.max_batch_prefill_tokens == 300
 
 
 @pytest.mark.parametrize("options", [{"block_size": "0"}, {"block_size": "big"},

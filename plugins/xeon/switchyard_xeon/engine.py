@@ -178,7 +178,8 @@ class XeonEngine(Engine):
         forward, kernel = self._fast_path(loaded.model, cpu.flags)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
-            self.config, loaded.info, shape.bytes_per_token(dtype), machine.available_memory_bytes()
+            self.config, loaded.info, shape.bytes_per_token(dtype),
+            machine.available_memory_bytes(), threads,
         )
         cache = PagedKVCache(shape, dtype, plan.num_blocks, plan.block_size)
         blocks = BlockManager(plan.num_blocks, plan.block_size, plan.prefix_caching)
