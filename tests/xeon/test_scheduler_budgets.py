@@ -99,9 +99,10 @@ def test_enough_newcomers_join_at_once():
     assert {"x", "y"} <= set(step(sched).fed)
 
 
-def test_newcomers_that_cannot_all_fit_the_budget_count_only_as_those_that_do():
-    # Two are waiting, but the step budget only lets one in: below the minimum of 2.
-    sched = make_scheduler(batch=16, prefill=4 + 3, ratio=0.5, waiting_tokens=3)
+def test_newcomers_that_cannot_all_fit_count_only_as_those_that_do():
+    # Two are waiting, but the free blocks (2, one kept in reserve) only take one:
+    # below the minimum of 2, with budget left, so neither joins.
+    sched = make_scheduler(blocks=6, batch=16, ratio=0.5, waiting_tokens=3)
     _decoding_batch(sched, 4, prompt=1)
     sched.add(make_seq("x", 3))
     sched.add(make_seq("y", 3))
@@ -110,6 +111,34 @@ def test_newcomers_that_cannot_all_fit_the_budget_count_only_as_those_that_do():
     assert sched.blocks.num_used_blocks == 4
     step(sched)
     assert "x" in step(sched).fed  # max_waiting_tokens reached
+
+
+def test_newcomers_that_fill_the_budget_join_below_the_minimum():
+    # Two are waiting and only one fits the 3 tokens left after the decodes: it
+    # fills the step, so it joins although the minimum is 2.
+    sched = make_scheduler(batch=16, prefill=4 + 3, ratio=0.5, waiting_tokens=100)
+    _decoding_batch(sched, 4, prompt=1)
+    sched.add(make_seq("x", 3))
+    sched.add(make_seq("y", 3))
+    assert step(sched).fed == {**{f"run{i}": 1 for i in range(4)}, "x": 3}
+    assert [s.request_id for s in sched.waiting] == ["y"]
+
+
+def test_a_budget_smaller_than_the_queue_admits_it_chunk_by_chunk():
+    """64 prompts queued behind a full budget do not wait max_waiting_tokens between steps."""
+    sched = make_scheduler(blocks=1024, block_size=16, batch=64, prefill=1024, max_total=256,
+                           waiting_tokens=20, ratio=0.3)
+    for i in range(64):
+        sched.add(make_seq(f"r{i}", 128, max_new=128))
+    first: dict[str, int] = {}
+    steps = 0
+    while sched.running or sched.waiting:
+        steps += 1
+        for rid in step(sched).sampled:
+            first.setdefault(rid, steps)
+    # 8,192 prompt tokens at ~1,024 a step: every prompt done within 10 steps.
+    assert max(first.values()) <= 10
+    assert steps <= 128 + 10
 
 
 def test_ratio_zero_admits_at_every_step():

@@ -18,8 +18,10 @@ limits are TGI's:
 - ``max_batch_size``: running sequences.
 - ``waiting_served_ratio`` and ``max_waiting_tokens``: while a batch runs,
   new requests join only when at least ``floor(running * ratio)`` of them can
-  join together, or once the batch has run ``max_waiting_tokens`` steps since
-  requests last joined (preempted sequences resuming are not held back).
+  join together, or when those that can fill the step's token budget, or once
+  the batch has run ``max_waiting_tokens`` steps since requests last joined
+  (preempted sequences resuming are not held back). The budget clause is
+  ours: TGI holds a budget-filling group back too.
 
 Admission is first-come first-served and stops at the first request that does
 not fit, so a large request is never starved by smaller ones behind it. A new
@@ -214,7 +216,11 @@ class Scheduler:
             seq.num_cached, seq.num_scheduled = hit.tokens, n
             admitted.append((seq, hit))
             budget -= n
-        if len(admitted) < min_joining:
+        # Newcomers that fill the step's budget join even if fewer than the minimum:
+        # no group could get more of this step. (TGI holds them back; with its GPU
+        # budget of 4,096 that rarely binds, but with a CPU-sized one it held 64
+        # queued 128-token prompts for max_waiting_tokens steps at a time.)
+        if len(admitted) < min_joining and budget > 0:
             for seq, _ in reversed(admitted):  # not worth pausing for: put them back
                 self.running.remove(seq)
                 self.blocks.free(seq.seq_id)
