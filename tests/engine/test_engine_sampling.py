@@ -155,6 +155,17 @@ def test_penalties_apply_to_greedy_rows():
     assert tok.token_id == 8
 
 
+def test_a_tiny_repetition_penalty_keeps_logprobs_finite():
+    """Dividing a logit by a tiny penalty overflows float32: the largest finite value stands in."""
+    logits = torch.zeros(2, V)
+    logits[:, 3] = 50.0
+    rows = [_row(SamplingParams(repetition_penalty=1e-38), prompt=(3,), logprobs=True),
+            _row(SamplingParams(), logprobs=True)]
+    tokens = sample_step(logits, rows).tokens
+    assert [t.token_id for t in tokens] == [3, 3]
+    assert all(t.logprob == t.logprob and t.logprob <= 0.0 for t in tokens)  # not NaN
+
+
 def test_seeded_rows_ignore_batch_mates():
     target = SamplingParams(do_sample=True, temperature=1.2, top_p=0.9, seed=77)
     logits = _logits(6, seed=6)
