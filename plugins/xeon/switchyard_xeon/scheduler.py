@@ -18,7 +18,7 @@ limits are TGI's:
 - ``max_batch_size``: running sequences.
 - ``waiting_served_ratio`` and ``max_waiting_tokens``: while a batch runs,
   new requests join only when at least ``floor(running * ratio)`` of them can
-  join together, or when those that can fill the step's token budget, or once
+  join together, or when those that can join fill the step's token budget, or once
   the batch has run ``max_waiting_tokens`` steps since requests last joined
   (preempted sequences resuming are not held back). The budget clause is
   ours: TGI holds a budget-filling group back too.

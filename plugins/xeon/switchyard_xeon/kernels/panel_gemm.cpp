@@ -9,7 +9,9 @@
 // registers across the whole K loop; each weight vector loaded feeds one FMA
 // per row, each x element is broadcast once per panel. At one row the kernel
 // is a pure weight stream; at dozens of rows the panel (K x 64 bytes) stays in
-// L2 while the row tiles pass over it. Threads split the panels.
+// L2 while the row tiles pass over it. Threads split the panels. The kernel
+// prefetches its weight stream a few KB ahead (past the last panel too:
+// prefetches never fault).
 //
 // bf16 storage halves that stream. A bf16 value is the top half of the fp32
 // with the same bits, so widening is exact: interleaving 16-bit zeros below
