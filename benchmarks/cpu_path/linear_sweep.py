@@ -11,7 +11,8 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 ``packed:HINT`` reorders the weights once for a batch-size hint of HINT rows
 (``none``: oneDNN's default); it is what ``switchyard_xeon.linears`` does at load.
 ``panel`` is the engine's own fp32 kernel, ``panel:bf16`` the same with the
-weights stored as bf16 (fp32 math). ``int8`` is weight-only int8 with per-row
+weights stored as bf16 (fp32 math), ``panel:dot`` the AVX512_BF16 kernel
+(``kernels/panel_dot_bf16.cpp``: bf16 weights and inputs, fp32 sums). ``int8`` is weight-only int8 with per-row
 scales (``torch._weight_int8pack_mm``),
 and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
 W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
@@ -103,13 +104,16 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     if name == "gemv":
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
-    if name in ("panel", "panel:bf16"):  # the engine's kernel (kernels/panel_gemm.cpp)
+    if name in ("panel", "panel:bf16", "panel:dot"):  # the engine's kernels
         from switchyard_xeon.kernels import load_kernels
 
         assert load_kernels().fn is not None, load_kernels().reason
         # panel:bf16 keeps the weights as bf16 in memory and computes in fp32.
         stored = weight.to(torch.bfloat16) if name == "panel:bf16" else weight
-        panels = torch.ops.switchyard_xeon.pack_panels(stored)
+        if name == "panel:dot":
+            panels = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
+        else:
+            panels = torch.ops.switchyard_xeon.pack_panels(stored)
         return lambda x: torch.ops.switchyard_xeon.panel_linear(x, panels, None, weight.shape[0])
     hint_text = name.removeprefix("packed:")
     hint = None if hint_text == "none" else int(hint_text)

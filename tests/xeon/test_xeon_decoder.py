@@ -174,10 +174,10 @@ def _generate(model: torch.nn.Module, prompts: list[list[int]], new: int) -> lis
     return want
 
 
-def _started(folder: Path, **options: str) -> XeonEngine:
-    """A started fp32 engine on ``folder`` with small blocks and prefill chunks of 16 tokens."""
+def _started(folder: Path, dtype: str = "float32", **options: str) -> XeonEngine:
+    """A started engine (fp32 unless told) on ``folder``, small blocks, 16-token prefill chunks."""
     engine = XeonEngine(EngineConfig(
-        model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
+        model_path=str(folder), dtype=dtype, max_batch_prefill_tokens=16,
         options={**TEST_OPTIONS, "block_size": "4", **options}))
     engine.start()
     return engine
@@ -224,9 +224,10 @@ def test_the_families_take_the_decoder_and_others_do_not(family_model):
 def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplog):
     """Greedy tokens equal ``generate``'s, with chunked prefill, on every forward pass.
 
-    The decoder's decode steps run as one native call (``forward=auto`` where
-    the projections are panel linears) or as its Python loop
-    (``forward=decoder``); transformers' own forward is the third.
+    The decoder's decode steps run as one native call (``forward=auto``; the
+    projections are panel linears, which ``linears=panel`` asks for on any
+    CPU) or as its Python loop (``forward=decoder``); transformers' own
+    forward is the third.
     """
     folder, model = family_model
     prompts = [prompt_of(n, start=s) for n, s in ((21, 1), (6, 2), (33, 3))]
@@ -234,10 +235,10 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     new = 10
     want = _generate(model, prompts, new)
     got = {}
-    panels = _panels_here()
+    panels = load_kernels().fn is not None
     for forward in ("auto", "decoder", "transformers"):
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = _started(folder, forward=forward)
+            engine = _started(folder, forward=forward, linears="panel")
         try:
             runner_forward = engine._runner._forward
             expected = TransformersForward if forward == "transformers" else LlamaFamilyDecoder
@@ -253,6 +254,54 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert got["auto"] == want
     assert got["decoder"] == want
     assert got["transformers"] == want
+
+
+class _Bf16Matmul(torch.nn.Module):
+    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight = linear.weight.detach().bfloat16().float()
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.bfloat16().float(), self.weight, self.bias)
+
+
+def _with_bf16_matmuls(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of fp32 ``model`` whose every linear is a bf16 matmul (the embedding stays fp32)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for parent in list(twin.modules()):
+        for name, child in parent.named_children():
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, _Bf16Matmul(child))
+    return twin
+
+
+def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, caplog):
+    """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls, fp32 in between; greedy parity.
+
+    The reference is the same transformers model with each linear made a bf16
+    matmul; decode steps run in one native call and in the Python loop.
+    """
+    if not load_kernels().bf16_dot:
+        pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
+    folder, model = family_model
+    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
+    want = _generate(_with_bf16_matmuls(model), prompts, 10)
+    for forward in ("auto", "decoder"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="switchyard.xeon"):
+            engine = _started(folder, dtype="bfloat16", forward=forward)
+        try:
+            assert engine.info is not None and engine.info.dtype == "bfloat16"
+            assert "bf16 weights and bf16 dot products" in caplog.text
+            assert (engine._runner._forward.native is not None) == (forward == "auto")
+            assert _engine_tokens(engine, prompts, 10) == want, forward
+        finally:
+            engine.shutdown()
 
 
 def test_row_blocks_cover_the_rows_in_near_equal_slices():

@@ -216,6 +216,53 @@ def test_pack_report_counts_narrowed_panels(kernel):
     assert pack_linears(tiny_llama(torch.float32), panels=True).narrowed == 0
 
 
+@pytest.fixture
+def bf16_dot(kernel):
+    """The bf16 dot-product panels; skips where the kernels were built without AVX512_BF16."""
+    if not load_kernels().bf16_dot:
+        pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
+    return torch.ops.switchyard_xeon
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 97, 600])  # micro-kernel tails, row chunks of 512
+@pytest.mark.parametrize("out_features", [1, 16, 45, 130])  # ragged, odd and even panel counts
+@pytest.mark.parametrize("in_features", [72, 9])  # whole k pairs, a padded last pair
+def test_bf16_dot_panels_are_a_bf16_matmul(bf16_dot, rows, out_features, in_features):
+    gen = torch.Generator().manual_seed(rows * 1000 + out_features + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    panel = PanelLinear(weight, bias, bf16_dot=True)
+    assert panel.packed_weight.dtype == torch.bfloat16 and "bf16 dot products" in repr(panel)
+    x = torch.randn(rows, in_features, generator=gen)
+    # bf16 inputs and weights, fp32 sums and bias: only the summation order differs.
+    want = torch.nn.functional.linear(x.bfloat16().float(), weight.bfloat16().float(), bias)
+    with torch.inference_mode():
+        got = panel(x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+        assert not torch.allclose(got, torch.nn.functional.linear(x, weight, bias), atol=1e-5,
+                                  rtol=0)  # it really rounds: not the fp32 product
+
+
+def test_bf16_dot_panels_reject_mismatched_inputs(bf16_dot):
+    packed = bf16_dot.pack_panels_bf16_dot(torch.zeros(20, 9))
+    assert packed.shape == (2, 5, 32)  # [panels, k pairs, 16 features x 2]
+    with pytest.raises(RuntimeError, match="does not match"):
+        bf16_dot.panel_linear(torch.zeros(3, 11), packed, None, 20)
+    with pytest.raises(RuntimeError, match="does not match"):
+        bf16_dot.panel_linear(torch.zeros(3, 9), packed, None, 40)
+    with pytest.raises(RuntimeError, match="bias"):
+        bf16_dot.panel_linear(torch.zeros(3, 9), packed, torch.zeros(19), 20)
+
+
+def test_pack_report_names_bf16_dot_panels(bf16_dot):
+    model = tiny_llama(torch.float32)
+    report = pack_linears(model, panels=True, bf16_dot=True)
+    assert report.packed == 9 and report.narrowed == 0
+    assert report.describe() == ("panel-packed float32 (9 linears, 4 fused groups; bf16 weights "
+                                 "and bf16 dot products (AVX512_BF16), fp32 sums)")
+    assert all(m.bf16_dot for m in model.modules() if isinstance(m, PanelLinear))
+
+
 def test_fp16_linears_are_fused_but_left_stock():
     model = tiny_llama(torch.float16)
     report = pack_linears(model)

@@ -283,7 +283,9 @@ def _native_layers(model: torch.nn.Module, layers: list[_Layer],
     """The one-call layer loop's arguments, when every piece it chains is native.
 
     It needs the native fused ops and every projection on the panel kernel
-    (fp32 activations); otherwise the decoder stays on its Python loop.
+    (fp32 activations); otherwise the decoder stays on its Python loop. The
+    native loop reads the MLP's width off ``down_proj``'s packed weight, which
+    bf16 dot panels store in k pairs: it must be even there.
     """
     if not isinstance(ops, NativeFusedOps):
         return None
@@ -293,6 +295,9 @@ def _native_layers(model: torch.nn.Module, layers: list[_Layer],
         linears = (_qkv(layer.self_attn), layer.self_attn.o_proj, _gate_up(layer.mlp),
                    layer.mlp.down_proj)
         if not all(isinstance(m, PanelLinear) for m in linears):
+            return None
+        down = layer.mlp.down_proj
+        if down.bf16_dot and down.in_features % 2:
             return None
         weights += [spec.input_norm, spec.post_norm]
         weights += [m.packed_weight for m in linears]  # type: ignore[union-attr]

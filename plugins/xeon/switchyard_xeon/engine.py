@@ -21,12 +21,14 @@ loop ahead of the queue; ``probe_liveness()`` runs that check and waits for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
 
+import msgspec
 import msgspec
 import torch
 
@@ -128,8 +130,6 @@ class XeonEngine(Engine):
         self._scheduler: Scheduler | None = None
         self._admission: Admission | None = None
         self._steps = 0
-        self._threads = 1
-        self._bind_cpus: frozenset[int] | None = None
         self.acceleration: Acceleration | None = None
         """What :func:`~switchyard_xeon.ipex_support.detect_acceleration` found at start."""
         self.placement: machine.CpuPlacement | None = None
@@ -141,11 +141,44 @@ class XeonEngine(Engine):
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
-        """Load the model, size the cache for the machine and start the loop thread."""
+        """Start the compute thread, which loads the model, sizes the cache and runs the loop.
+
+        Loading happens on that thread too, because OpenMP keeps one pool of
+        workers per thread that runs parallel regions: had this thread
+        loaded and packed the weights, its idle pool would count against the
+        cores, and libgomp, seeing more threads than cores, makes every pool
+        sleep between regions instead of spinning. One pool only measured
+        9.8-12.5 ms for a batch-1 decode step's matmuls against 13.7-16.7
+        with two (135M shape, 2 cores, bf16 dot panels).
+        """
         if self.config.quantize:
             raise EngineStartError(
                 f"xeon engine: quantization {self.config.quantize!r} is not supported yet"
             )
+        started = threading.Event()
+        outcome: list[ModelInfo | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(self._load())
+            except BaseException as exc:  # handed to start()'s caller
+                outcome.append(exc)
+                return
+            finally:
+                started.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="switchyard-xeon", daemon=True)
+        self._thread.start()
+        started.wait()
+        if isinstance(outcome[0], BaseException):
+            self._thread.join()
+            self._thread = None
+            raise outcome[0]
+        return outcome[0]
+
+    def _load(self) -> ModelInfo:
+        """On the compute thread: place it, load and pack the model, size the cache."""
         cpu = machine.read_cpu_info()
         placement = machine.choose_cpus()
         try:
@@ -155,8 +188,15 @@ class XeonEngine(Engine):
         # Pin only on multi-node machines, and only when the threads fit the node's cores:
         # more threads pinned to one node would share its cores while other nodes sit idle.
         bind = placement.should_bind and threads <= placement.physical_cores
-        self._bind_cpus = placement.cpus if bind else None
         self.placement, self.acceleration = placement, detect_acceleration()
+        if bind:
+            # Before the first parallel region: OpenMP workers inherit this thread's mask.
+            try:
+                os.sched_setaffinity(0, placement.cpus)
+            except OSError as exc:  # e.g. the cgroup's cpuset changed: run unbound
+                logger.warning("could not bind the compute thread to CPUs %s: %s",
+                               machine.format_cpulist(placement.cpus), exc)
+        # Intra-op thread settings are per thread for OpenMP: this is the compute thread.
         torch.set_num_threads(threads)
         logger.info("xeon: %s: %d torch thread%s on %s%s; kernels: %s", cpu.describe(), threads,
                     "" if threads == 1 else "s", placement.describe(),
@@ -167,15 +207,28 @@ class XeonEngine(Engine):
         except ValueError as exc:
             raise EngineStartError(str(exc)) from None
         dtype = resolve_dtype(self.config.dtype, cpu.flags)
+        # bf16 where the kernels have AVX512_BF16 dot products: the linears are
+        # bf16 matmuls on the engine's panels (bf16 weights and inputs, fp32 sums)
+        # and everything between them (norms, rotary, attention, the KV cache)
+        # stays fp32, so the model loads in fp32 and its linears are rounded
+        # to bf16 as they are packed.
+        bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
+        if bf16_dot:
+            dtype = torch.float32
+            logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel, "
+                        "fp32 activations and KV cache")
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         loaded = load_causal_lm(
             self.config.model_path,
             dtype=str(dtype).removeprefix("torch."),
             attn_implementation=attention.register(),
         )
+        if bf16_dot:  # what the user asked for, and what the matmuls compute in
+            loaded = dataclasses.replace(
+                loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(dtype),
@@ -199,19 +252,24 @@ class XeonEngine(Engine):
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)
-        self._threads = threads
-        self._thread = threading.Thread(target=self._loop, name="switchyard-xeon", daemon=True)
-        self._thread.start()
         return loaded.info
 
-    def _fast_path(self, model: torch.nn.Module,
-                   cpu_flags: frozenset[str]) -> tuple[PackedForward, PagedDecodeFn | None]:
+    def _bf16_dot_available(self) -> bool:
+        """Whether bf16 runs on the bf16 dot-product panels: the kernels have them, linears allow."""
+        linears = _option(self.config.options, "linears", LINEARS)
+        return linears in ("packed", "panel") and load_kernels().bf16_dot
+
+    def _fast_path(self, model: torch.nn.Module, cpu_flags: frozenset[str],
+                   bf16_dot: bool = False) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
-        Options: ``linears`` (``packed``, the default: fp32 on the native panel
+        Options: ``linears`` (``packed``, the default: bf16 on the native
+        bf16 dot-product panels where the CPU has AVX512_BF16 (``bf16_dot``:
+        the model was loaded in fp32 for them), fp32 on the native panel
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
-        measured to win, bf16 and other CPUs on oneDNN; ``onednn``: oneDNN for
-        both; ``stock``: fused but not packed), ``panel_storage`` (``auto``:
+        measured to win, others on oneDNN; ``panel``: the panel kernel for
+        fp32 whatever the CPU; ``onednn``: oneDNN for fp32 and bf16 alike;
+        ``stock``: fused but not packed), ``panel_storage`` (``auto``:
         panels of weights that hold only bf16 values, as a bf16 checkpoint
         loaded in fp32 does, are stored as bf16, exactly; ``float32``: never),
         ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
@@ -223,16 +281,19 @@ class XeonEngine(Engine):
         forward pass and the decode kernel (None for the portable path).
         """
         options = self.config.options
-        linears = _option(options, "linears", ("packed", "onednn", "stock"))
+        linears = _option(options, "linears", LINEARS)
         mode = _option(options, "attention", ("auto", "sdpa"))
         forward_mode = _option(options, "forward", ("auto", "decoder", "transformers"))
         storage = _option(options, "panel_storage", ("auto", "float32"))
         status = load_kernels()
-        # The panel kernel is AVX2/FMA code: oneDNN's AVX-512 kernels have twice its width.
+        # The fp32 panel kernel is AVX2/FMA code: on Intel's AVX-512 cores oneDNN
+        # has twice its width. bf16 dot products beat both where the CPU has them.
         avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
         report = pack_linears(model, pack=linears != "stock",
-                              panels=linears == "packed" and status.fn is not None and avx2_only,
-                              narrow=storage == "auto")
+                              panels=status.fn is not None and (
+                                  bf16_dot or linears == "panel"
+                                  or (linears == "packed" and avx2_only)),
+                              narrow=storage == "auto", bf16_dot=bf16_dot)
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
@@ -368,15 +429,6 @@ class XeonEngine(Engine):
     def _loop(self) -> None:
         assert self._scheduler is not None and self._runner is not None
         sched = self._scheduler
-        if self._bind_cpus is not None:
-            # Before the first parallel region: OpenMP workers inherit this thread's mask.
-            try:
-                os.sched_setaffinity(0, self._bind_cpus)
-            except OSError as exc:  # e.g. the cgroup's cpuset changed since start(): run unbound
-                logger.warning("could not bind the compute thread to CPUs %s: %s",
-                               machine.format_cpulist(self._bind_cpus), exc)
-        # Intra-op thread settings are per thread for OpenMP: apply them where compute runs.
-        torch.set_num_threads(self._threads)
         batch: list[Sequence] = []
         try:
             with torch.inference_mode():
@@ -494,6 +546,10 @@ class XeonEngine(Engine):
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:
             self._publish_stats()
+
+
+LINEARS = ("packed", "panel", "onednn", "stock")
+"""Values of the ``linears`` engine option; the first is the default."""
 
 
 def _option(options: dict[str, str], name: str, choices: tuple[str, ...]) -> str:

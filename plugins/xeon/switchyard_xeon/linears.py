@@ -89,18 +89,26 @@ class PanelLinear(torch.nn.Module):
     With ``narrow`` (the default), a weight whose values are all bf16 values
     (see :func:`holds_bf16`) is stored as bf16 and widened back in the kernel:
     the same fp32 math over half the bytes, which is what bounds decoding.
+    With ``bf16_dot`` (a CPU with AVX512_BF16, ``kernels/panel_dot_bf16.cpp``)
+    the weight is rounded to bf16 and the matmul is a bf16 one: each call
+    rounds its input rows to bf16 and sums the products in fp32, twice the
+    multiply-adds per instruction of fp32 math; input and output stay fp32.
     Call :func:`~switchyard_xeon.kernels.load_kernels` first: the operators
     exist only once the native library is loaded.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 narrow: bool = True) -> None:
+                 narrow: bool = True, bf16_dot: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        self.narrowed = narrow and holds_bf16(weight)
+        self.bf16_dot = bf16_dot
+        self.narrowed = not bf16_dot and narrow and holds_bf16(weight)
         stored = weight.to(torch.bfloat16) if self.narrowed else weight
-        packed = torch.ops.switchyard_xeon.pack_panels(stored)
+        if bf16_dot:
+            packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
+        else:
+            packed = torch.ops.switchyard_xeon.pack_panels(stored)
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().contiguous().clone(),
                              persistent=False)
@@ -116,7 +124,8 @@ class PanelLinear(torch.nn.Module):
                                                               self.out_features)
 
     def extra_repr(self) -> str:
-        storage = "bf16" if self.narrowed else "fp32"
+        storage = "bf16, bf16 dot products" if self.bf16_dot else (
+            "bf16" if self.narrowed else "fp32")
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed=panels, stored={storage}")
 
@@ -176,6 +185,7 @@ class PackReport:
     dtype: str = ""
     layout: str = "oneDNN"
     narrowed: int = 0
+    bf16_dot: bool = False
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
@@ -184,16 +194,20 @@ class PackReport:
             return f"stock, {fused} ({self.reason})" if self.fused_groups else f"stock ({self.reason})"
         stored = (f"; {self.narrowed} hold only bf16 values and are stored as bf16"
                   if self.narrowed else "")
+        if self.bf16_dot:
+            stored = "; bf16 weights and bf16 dot products (AVX512_BF16), fp32 sums"
         return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused}{stored})"
 
 
 def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
-                 panels: bool = False, narrow: bool = True) -> PackReport:
+                 panels: bool = False, narrow: bool = True,
+                 bf16_dot: bool = False) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
     With ``panels`` (the native kernels are loaded), fp32 weights go to
     :class:`PanelLinear` (stored as bf16 where that is exact and ``narrow``
-    allows it); otherwise, and for bf16, to oneDNN's
+    allows it; rounded to bf16 for bf16 matmuls with ``bf16_dot``, which
+    needs the kernels' AVX512_BF16 build); otherwise, and for bf16, to oneDNN's
     :class:`PackedLinear`. Packing bf16 needs oneDNN's bf16 reorder, which
     wants AVX-512 (or AVX-NE-CONVERT); where packing is unavailable (or
     ``pack`` is False), disagrees with ``F.linear`` or the weights are of
@@ -207,10 +221,11 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     dtypes = {m.weight.dtype for m in linears}
     dtype = next(iter(dtypes))
     use_panels = panels and dtype == torch.float32
+    dot = use_panels and bf16_dot
 
     def packer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
         if use_panels:
-            return PanelLinear(weight, bias, narrow=narrow)
+            return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot)
         return PackedLinear(weight, bias)
 
     if not pack:
@@ -218,7 +233,7 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
-        reason = _check_packing(linears[0], packer)
+        reason = _check_packing(linears[0], packer, bf16_inputs=dot)
         if reason:
             logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
@@ -241,7 +256,8 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     narrowed = sum(isinstance(m, PanelLinear) and m.narrowed for m in model.modules())
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
-                      layout="panel" if use_panels else "oneDNN", narrowed=narrowed)
+                      layout="panel" if use_panels else "oneDNN", narrowed=narrowed,
+                      bf16_dot=dot and pack)
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
@@ -285,14 +301,22 @@ def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Mo
     return module if isinstance(module, torch.nn.Module) else None
 
 
-def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear) -> str:
-    """'' when a ``packer`` copy of ``sample`` agrees with ``F.linear``, else why not."""
+def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear,
+                   bf16_inputs: bool = False) -> str:
+    """'' when a ``packer`` copy of ``sample`` agrees with ``F.linear``, else why not.
+
+    With ``bf16_inputs`` the packed copy is a bf16 matmul: the reference rounds
+    input and weight to bf16 first.
+    """
     try:
         packed = packer(sample.weight, sample.bias)
         x = torch.randn(3, sample.in_features, generator=torch.Generator().manual_seed(0))
         x = x.to(sample.weight.dtype)
         with torch.inference_mode():
-            got, want = packed(x).float(), F.linear(x, sample.weight, sample.bias).float()
+            weight = sample.weight
+            if bf16_inputs:
+                x, weight = x.bfloat16().float(), weight.bfloat16().float()
+            got, want = packed(x).float(), F.linear(x, weight, sample.bias).float()
     except Exception as exc:  # private operators: absent or changed in this torch
         return f"{type(exc).__name__}: {exc}"
     err = (got - want).abs().max().item()

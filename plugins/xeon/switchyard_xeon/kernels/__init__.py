@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Four sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Five sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -8,6 +8,9 @@ Four sources, one library, registered as ``switchyard_xeon::*`` torch operators:
   decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`);
 - ``panel_gemm.cpp``: fp32 linears over weights packed in panels of 16 output
   features, stored as fp32 or bf16 (:class:`~switchyard_xeon.linears.PanelLinear`);
+- ``panel_dot_bf16.cpp``: bf16 linears (bf16 weights and inputs, fp32 sums)
+  on CPUs with AVX512_BF16, the same panels in the k-pair order of its
+  dot-product instruction;
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
 
@@ -40,6 +43,7 @@ logger = logging.getLogger("switchyard.xeon")
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp",
                                                                 "panel_gemm.cpp",
+                                                                "panel_dot_bf16.cpp",
                                                                 "decode_layers.cpp"))
 _HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
@@ -106,6 +110,8 @@ class KernelStatus:
     fn: PagedDecodeFn | None
     reason: str
     fused: FusedOps | None = None
+    bf16_dot: bool = False
+    """The bf16 dot-product panels exist (built for a CPU with AVX512_BF16) and passed their check."""
 
 
 _lock = threading.Lock()
@@ -136,7 +142,13 @@ def _load() -> KernelStatus:
     error = _self_check(op) or _self_check_fused(NativeFusedOps()) or _self_check_panels()
     if error:
         return KernelStatus(None, f"native kernels failed their check ({error})")
-    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps())
+    # Only a build for a CPU with AVX512_BF16 registers the bf16 dot-product packer.
+    bf16_dot = hasattr(torch.ops.switchyard_xeon, "pack_panels_bf16_dot")
+    dot_error = _self_check_bf16_dot() if bf16_dot else ""
+    if dot_error:
+        logger.warning("bf16 dot-product panels failed their check, not used: %s", dot_error)
+    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(),
+                        bf16_dot=bf16_dot and not dot_error)
 
 
 def _build() -> PagedDecodeFn:
@@ -266,4 +278,27 @@ def _self_check_panels() -> str:
             err = (got - torch.nn.functional.linear(x, w.float(), b)).abs().max().item()
             if not err <= 1e-4 * max(1.0, inner ** 0.5):
                 return f"panel linear ({storage}) max error {err:.3g}"
+    return ""
+
+
+def _self_check_bf16_dot() -> str:
+    """Compare the bf16 dot-product panels with ``F.linear`` on bf16-rounded inputs; '' when they agree.
+
+    Ragged shapes: odd K (a padded k pair), N not a multiple of 16 (a masked
+    last panel), an odd number of panels (one runs alone), 1-13 and 600 rows.
+    """
+    gen = torch.Generator().manual_seed(3)
+    for rows, out, inner in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
+        x = torch.randn(rows, inner, generator=gen)
+        w = torch.randn(out, inner, generator=gen)
+        b = torch.randn(out, generator=gen)
+        try:
+            packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(w)
+            got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        want = torch.nn.functional.linear(x.bfloat16().float(), w.bfloat16().float(), b)
+        err = (got - want).abs().max().item()
+        if not err <= 1e-4 * max(1.0, inner ** 0.5):
+            return f"bf16 dot panels max error {err:.3g}"
     return ""

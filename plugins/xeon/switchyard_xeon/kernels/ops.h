@@ -16,6 +16,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t n);
 
+// panel_dot_bf16.cpp: whether `packed` is in its layout, and its kernel
+// (called by panel_linear, which checks x and the bias first).
+bool is_bf16_dot_packed(const at::Tensor& packed);
+at::Tensor panel_linear_bf16_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                                 int64_t n);
+
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 
 void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,

@@ -256,11 +256,14 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "panel_linear: x must be a contiguous float32 [M, K]");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) == x.size(1) &&
-                  (packed.scalar_type() == at::kFloat ||
-                   packed.scalar_type() == at::kBFloat16) &&
-                  packed.is_contiguous() && N > (packed.size(0) - 1) * kPanel &&
-                  N <= packed.size(0) * kPanel,
+  // Two layouts: [panels, K, 16] fp32 or bf16 (fp32 math, here), or the bf16
+  // k-pair layout of panel_dot_bf16.cpp, [panels, K/2 rounded up, 32].
+  const bool dot = switchyard_xeon::is_bf16_dot_packed(packed);
+  const int64_t k_steps = dot ? (x.size(1) + 1) / 2 : x.size(1);
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.size(1) == k_steps &&
+                  (dot || (packed.size(2) == kPanel && (packed.scalar_type() == at::kFloat ||
+                                                        packed.scalar_type() == at::kBFloat16))) &&
+                  N > (packed.size(0) - 1) * kPanel && N <= packed.size(0) * kPanel,
               "panel_linear: packed weight does not match x or N");
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -269,6 +272,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                 "panel_linear: bias must be float32 [N]");
     bp = bias->data_ptr<float>();
   }
+  if (dot) return switchyard_xeon::panel_linear_bf16_dot(x, packed, bp, N);
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   if (packed.scalar_type() == at::kFloat) {
