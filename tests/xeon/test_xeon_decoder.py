@@ -284,21 +284,23 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
     """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls, fp32 in between; greedy parity.
 
     The reference is the same transformers model with each linear made a bf16
-    matmul; decode steps run in one native call and in the Python loop.
+    matmul; decode steps run in one native call, in the Python loop, and in
+    transformers' own forward (the path of other architectures).
     """
     if not load_kernels().bf16_dot:
         pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
     folder, model = family_model
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
     want = _generate(_with_bf16_matmuls(model), prompts, 10)
-    for forward in ("auto", "decoder"):
+    for forward in ("auto", "decoder", "transformers"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
             engine = _started(folder, dtype="bfloat16", forward=forward)
         try:
             assert engine.info is not None and engine.info.dtype == "bfloat16"
             assert "bf16 weights and bf16 dot products" in caplog.text
-            assert (engine._runner._forward.native is not None) == (forward == "auto")
+            if forward != "transformers":
+                assert (engine._runner._forward.native is not None) == (forward == "auto")
             assert _engine_tokens(engine, prompts, 10) == want, forward
         finally:
             engine.shutdown()

@@ -176,3 +176,31 @@ def test_auto_dtype_serves(default_model_path):
             assert len(token_ids(sink.wait(f"a{i}"))) == 6
     finally:
         engine.shutdown()
+
+
+def test_the_model_loads_on_the_compute_thread(make_engine, monkeypatch):
+    """Loading and packing run where the loop runs: OpenMP then keeps one pool of workers."""
+    import threading
+
+    from switchyard_xeon import engine as engine_module
+
+    seen: list[str] = []
+    real = engine_module.load_causal_lm
+
+    def recording(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_causal_lm", recording)
+    engine = make_engine()
+    assert seen == ["switchyard-xeon"] and engine._thread.name == "switchyard-xeon"
+    sink = Collector()
+    engine.submit(greedy_request("r", prompt_of(5), 3), sink)
+    assert len(token_ids(sink.wait("r"))) == 3
+
+
+def test_a_failed_load_leaves_no_thread_behind(tmp_path):
+    engine = XeonEngine(EngineConfig(model_path=str(tmp_path / "absent"), dtype="float32"))
+    with pytest.raises(EngineStartError):
+        engine.start()
+    assert engine._thread is None and not engine.healthy()
