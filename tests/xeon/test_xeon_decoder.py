@@ -91,6 +91,23 @@ def test_rotary_store_matches_transformers_and_fills_the_slots(ops, rot):
     assert not flat_k[:, untouched].any() and not flat_v[:, untouched].any()
 
 
+def test_rotary_store_rounds_into_bf16_pools_under_fp32(ops):
+    """fp32 q|k|v into a bf16 cache: the same rotation, keys and values stored rounded."""
+    heads, kv_heads, dim, tokens = 4, 2, 16, 3
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    angles = torch.randn(tokens, 6, generator=gen)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    slots = torch.tensor([1, 6, 2])
+    wide_k, wide_v = torch.zeros(2, kv_heads, 2, 4, dim)
+    narrow_k, narrow_v = torch.zeros(2, kv_heads, 2, 4, dim, dtype=torch.bfloat16)
+    wide, narrow = qkv.clone(), qkv.clone()
+    ops.rotary_store_(wide, cos, sin, wide_k, wide_v, slots, heads, kv_heads)
+    ops.rotary_store_(narrow, cos, sin, narrow_k, narrow_v, slots, heads, kv_heads)
+    assert torch.equal(narrow, wide)  # the activations stay fp32
+    assert torch.equal(narrow_k, wide_k.bfloat16()) and torch.equal(narrow_v, wide_v.bfloat16())
+
+
 def test_silu_and_mul_matches_the_llama_mlp(ops):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(3, 2 * 40, generator=gen)
@@ -268,24 +285,43 @@ class _Bf16Matmul(torch.nn.Module):
         return torch.nn.functional.linear(x.bfloat16().float(), self.weight, self.bias)
 
 
+def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention over keys and values rounded to bf16, as a bf16 cache holds them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key.bfloat16().float(), value.bfloat16().float(),
+                                  attention_mask, **kwargs)
+
+
 def _with_bf16_matmuls(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of fp32 ``model`` whose every linear is a bf16 matmul (the embedding stays fp32)."""
+    """A copy of fp32 ``model`` as the engine runs ``--dtype bfloat16`` on bf16 dot panels.
+
+    Every linear is a bf16 matmul and attention reads keys and values rounded
+    to bf16 (the cache); the embedding, norms and the rest stay fp32.
+    """
     import copy
 
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("bf16_kv_sdpa", _bf16_kv_sdpa)
+    AttentionMaskInterface.register("bf16_kv_sdpa", sdpa_mask)
     twin = copy.deepcopy(model)
     for parent in list(twin.modules()):
         for name, child in parent.named_children():
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, _Bf16Matmul(child))
+    twin.set_attn_implementation("bf16_kv_sdpa")
     return twin
 
 
 def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, caplog):
-    """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls, fp32 in between; greedy parity.
+    """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls and KV cache, fp32 in between; parity.
 
     The reference is the same transformers model with each linear made a bf16
-    matmul; decode steps run in one native call, in the Python loop, and in
-    transformers' own forward (the path of other architectures).
+    matmul and attention over bf16-rounded keys and values; decode steps run
+    in one native call, in the Python loop, and in transformers' own forward
+    (the path of other architectures); prefill comes in chunks of 16 tokens.
     """
     if not load_kernels().bf16_dot:
         pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
@@ -299,6 +335,7 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
         try:
             assert engine.info is not None and engine.info.dtype == "bfloat16"
             assert "bf16 weights and bf16 dot products" in caplog.text
+            assert engine._runner.cache.dtype == torch.bfloat16
             if forward != "transformers":
                 assert (engine._runner._forward.native is not None) == (forward == "auto")
             assert _engine_tokens(engine, prompts, 10) == want, forward

@@ -107,6 +107,19 @@ def test_portable_path_matches_the_definition(dtype, dim, heads, kv_heads, lens,
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dim,window", [(64, 0), (64, 9), (80, 0)])  # the 64 path and the generic
+def test_kernel_reads_bf16_pools_under_an_fp32_query(kernel, dim, window):
+    """The bf16 matmul mode's cache: bf16 pools, fp32 queries and output."""
+    q, k, v, tables, n = random_case(torch.float32, dim, 6, 2, [1, 17, 40], seed=3)
+    k, v = k.bfloat16(), v.bfloat16()
+    got = kernel(q, k, v, tables, n, dim**-0.5, window)
+    assert got.dtype == torch.float32
+    want = naive_decode(q, k.float(), v.float(), tables, n, dim**-0.5, window)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(paged_decode_reference(q, k, v, tables, n, dim**-0.5, window),
+                               got, atol=1e-5, rtol=1e-5)
+
+
 def test_kernel_rejects_bad_inputs(kernel):
     q, k, v, tables, n = random_case(torch.float32, 64, 4, 2, [5])
     with pytest.raises(RuntimeError, match="int32"):

@@ -134,12 +134,14 @@ def attend_packed(
     if dec is not None:
         out.index_copy_(0, dec.rows, o)
     if len(step.blocks):
-        cached_k, cached_v = cache.gather(layer, step.blocks)
+        cached_k, cached_v = (t.to(q.dtype) for t in cache.gather(layer, step.blocks))
     for span, length, n, off in zip(
         step.spans, step.context_lens, step.query_lens, step.offsets, strict=True
     ):
         if span is None:  # nothing cached before: its own new keys are its whole context
             keys, values = k[:, off : off + n], v[:, off : off + n]
+            if cache.dtype != q.dtype:  # as the cache holds them, as later steps read them
+                keys, values = (t.to(cache.dtype).to(q.dtype) for t in (keys, values))
         else:
             keys = context(cached_k, span[0], span[1], length)
             values = context(cached_v, span[0], span[1], length)

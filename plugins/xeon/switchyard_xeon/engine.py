@@ -29,7 +29,6 @@ import threading
 import time
 
 import msgspec
-import msgspec
 import torch
 
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
@@ -208,15 +207,16 @@ class XeonEngine(Engine):
             raise EngineStartError(str(exc)) from None
         dtype = resolve_dtype(self.config.dtype, cpu.flags)
         # bf16 where the kernels have AVX512_BF16 dot products: the linears are
-        # bf16 matmuls on the engine's panels (bf16 weights and inputs, fp32 sums)
-        # and everything between them (norms, rotary, attention, the KV cache)
-        # stays fp32, so the model loads in fp32 and its linears are rounded
-        # to bf16 as they are packed.
+        # bf16 matmuls on the engine's panels (bf16 weights and inputs, fp32 sums),
+        # the KV cache is bf16, and everything else (norms, rotary, attention's
+        # arithmetic, the residual stream) stays fp32, so the model loads in fp32
+        # and its linears are rounded to bf16 as they are packed.
         bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
+        cache_dtype = dtype
         if bf16_dot:
             dtype = torch.float32
-            logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel, "
-                        "fp32 activations and KV cache")
+            logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel and a bf16 KV "
+                        "cache, fp32 activations")
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         loaded = load_causal_lm(
             self.config.model_path,
@@ -231,15 +231,16 @@ class XeonEngine(Engine):
         forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
-            self.config, loaded.info, shape.bytes_per_token(dtype),
+            self.config, loaded.info, shape.bytes_per_token(cache_dtype),
             machine.available_memory_bytes(), threads,
         )
-        cache = PagedKVCache(shape, dtype, plan.num_blocks, plan.block_size)
+        cache = PagedKVCache(shape, cache_dtype, plan.num_blocks, plan.block_size)
         blocks = BlockManager(plan.num_blocks, plan.block_size, plan.prefix_caching)
         logger.info(
-            "kv cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s); prefix caching %s",
+            "kv cache: %d blocks x %d tokens = %d tokens, %.1f MiB of %s (%s); prefix caching %s",
             plan.num_blocks, plan.block_size, plan.capacity_tokens, cache.nbytes / 2**20,
-            plan.source, "on" if plan.prefix_caching else "off",
+            str(cache_dtype).removeprefix("torch."), plan.source,
+            "on" if plan.prefix_caching else "off",
         )
         logger.info(
             "limits: batch %d, prefill %d tokens per step, sequence %d tokens, "

@@ -91,8 +91,9 @@ class PagedKVCache:
         """Store keys/values ``[kv_heads, n, head_dim]`` at the ``n`` slots given."""
         heads, _, _, dim = self.keys[layer].shape
         flat = (heads, self.num_blocks * self.block_size, dim)
-        self.keys[layer].view(flat).index_copy_(1, slots, k)
-        self.values[layer].view(flat).index_copy_(1, slots, v)
+        # A bf16 cache under fp32 activations stores them rounded.
+        self.keys[layer].view(flat).index_copy_(1, slots, k.to(self.dtype))
+        self.values[layer].view(flat).index_copy_(1, slots, v.to(self.dtype))
 
     def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``blocks``, each ``[kv_heads, len(blocks), block_size, head_dim]``.

@@ -201,10 +201,13 @@ def _self_check(op: PagedDecodeFn) -> str:
     from switchyard_xeon.kernels.reference import paged_decode_reference
 
     gen = torch.Generator().manual_seed(0)
-    for dtype, dim, window, tol in ((torch.float32, 64, 0, 1e-4), (torch.bfloat16, 80, 7, 2e-2)):
+    cases = ((torch.float32, torch.float32, 64, 0, 1e-4),
+             (torch.bfloat16, torch.bfloat16, 80, 7, 2e-2),
+             (torch.float32, torch.bfloat16, 64, 5, 1e-4))  # bf16 pools under an fp32 q
+    for dtype, pool_dtype, dim, window, tol in cases:
         kv_heads, heads, blocks, size = 2, 6, 12, 4
-        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(dtype)
-        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(dtype)
+        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
         q = torch.randn(3, heads, dim, generator=gen).to(dtype)
         tables = torch.tensor([[5, 2, 9], [1, 0, 0], [11, 3, 7]], dtype=torch.int32)
         lens = torch.tensor([10, 3, 12], dtype=torch.int32)
@@ -215,7 +218,7 @@ def _self_check(op: PagedDecodeFn) -> str:
         want = paged_decode_reference(q, k, v, tables, lens, dim**-0.5, window)
         err = (got.float() - want.float()).abs().max().item()
         if not err <= tol:
-            return f"{dtype} max error {err:.3g} > {tol}"
+            return f"{dtype} q, {pool_dtype} pools: max error {err:.3g} > {tol}"
     return ""
 
 
@@ -241,13 +244,16 @@ def _self_check_fused(ops: FusedOps) -> str:
             heads, kv_heads, dim, rot = 4, 2, 16, 12  # partial rotary, as Phi-3 may use
             qkv, cos, sin = rand(3, (heads + 2 * kv_heads) * dim), rand(3, rot), rand(3, rot)
             slots = torch.tensor([5, 0, 9])
-            results = []
-            for impl in (ops, ref):
-                buf = qkv.clone()
-                k_pool, v_pool = torch.zeros(2, kv_heads, 3, 4, dim, dtype=dtype)
-                impl.rotary_store_(buf, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
-                results.append((buf, k_pool, v_pool))
-            pairs += list(zip(*results, strict=True))
+            # fp32 qkv may store into bf16 pools (the bf16 matmul mode's cache).
+            pool_dtypes = (dtype, torch.bfloat16) if dtype == torch.float32 else (dtype,)
+            for pool_dtype in pool_dtypes:
+                results = []
+                for impl in (ops, ref):
+                    buf = qkv.clone()
+                    k_pool, v_pool = torch.zeros(2, kv_heads, 3, 4, dim, dtype=pool_dtype)
+                    impl.rotary_store_(buf, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
+                    results.append((buf, k_pool, v_pool))
+                pairs += list(zip(*results, strict=True))
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         for got, want in pairs:

@@ -131,7 +131,9 @@ inline void rotate_head(T* x, const T* c, const T* s, int64_t R) {
 // qkv: [T, (H + 2 KVH) * D], rows q heads | k heads | v heads. Rotates q and k
 // in place and stores each token's k and v at its slot of the pools
 // ([KVH, blocks, block_size, D], slot = block * block_size + offset).
-template <typename T>
+// T: qkv, cos and sin; C: the pools (T, or bf16 under fp32 qkv: keys and values
+// are rounded to bf16 as they are stored).
+template <typename T, typename C = T>
 void rotary_store_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                        at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slots,
                        int64_t heads, int64_t kv_heads) {
@@ -141,8 +143,8 @@ void rotary_store_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor&
   T* xp = qkv.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
-  T* kp = k_pool.data_ptr<T>();
-  T* vp = v_pool.data_ptr<T>();
+  C* kp = k_pool.data_ptr<C>();
+  C* vp = v_pool.data_ptr<C>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   at::parallel_for(0, tokens, grain_rows(width), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -154,11 +156,11 @@ void rotary_store_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor&
       for (int64_t h = 0; h < kv_heads; ++h) {
         const T* k = row + (heads + h) * D;
         const T* v = row + (heads + kv_heads + h) * D;
-        T* kd = kp + (h * pool_slots + at_slot) * D;
-        T* vd = vp + (h * pool_slots + at_slot) * D;
+        C* kd = kp + (h * pool_slots + at_slot) * D;
+        C* vd = vp + (h * pool_slots + at_slot) * D;
         for (int64_t i = 0; i < D; ++i) {
-          kd[i] = k[i];
-          vd[i] = v[i];
+          kd[i] = static_cast<C>(k[i]);
+          vd[i] = static_cast<C>(v[i]);
         }
       }
     }
@@ -182,14 +184,21 @@ void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == qkv.size(0) &&
                   slots.scalar_type() == at::kLong && slots.is_contiguous(),
               "rotary_store_: slots must be int64 [tokens]");
-  const auto dtype = qkv.scalar_type();
+  const auto dtype = qkv.scalar_type(), pool_dtype = k_pool.scalar_type();
+  const bool bf16_pools = dtype == at::kFloat && pool_dtype == at::kBFloat16;
   TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
-                  k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
-              "rotary_store_: qkv, cos, sin and the pools must share a dtype");
+                  (pool_dtype == dtype || bf16_pools) && v_pool.scalar_type() == pool_dtype,
+              "rotary_store_: qkv, cos and sin must share a dtype, and the pools it too "
+              "(or bfloat16 under float32)");
   const int64_t capacity = k_pool.size(1) * k_pool.size(2);
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < slots.size(0); ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "rotary_store_: slot out of range");
+  }
+  if (bf16_pools) {
+    rotary_store_impl<float, c10::BFloat16>(qkv, cos, sin, k_pool, v_pool, slots, heads,
+                                            kv_heads);
+    return;
   }
   by_dtype(dtype, "rotary_store_", [&](auto tag) {
     rotary_store_impl<decltype(tag)>(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads);

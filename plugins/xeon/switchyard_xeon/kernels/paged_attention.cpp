@@ -4,7 +4,8 @@
 //
 // Layout (see kv_cache.py): pools are [kv_heads, num_blocks, block_size, head_dim];
 // block_tables is [batch, max_blocks] (int32), context_lens [batch] (int32);
-// q is [batch, heads, head_dim]. The output has q's shape and dtype.
+// q is [batch, heads, head_dim]. The output has q's shape and dtype. The pools
+// share q's dtype, or are bf16 under an fp32 q (the engine's bf16 matmul mode).
 //
 // Work is split over (sequence, kv head): the query heads of a GQA group share
 // every key/value row read, which is the only memory traffic that matters
@@ -65,7 +66,8 @@ inline const float* as_float(const T* src, float* buf, int64_t n) {
 
 // DC > 0 fixes head_dim at compile time (the common sizes, fully vectorised);
 // DC == 0 reads it at run time.
-template <typename T, int DC>
+// T: q and the output; C: the pools (T, or bf16 under an fp32 q).
+template <typename T, typename C, int DC>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                    const at::Tensor& tables, const at::Tensor& lens, at::Tensor& out,
                    double scale, int64_t window) {
@@ -76,8 +78,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
   const int64_t group = heads / kv_heads;
   const int64_t q_stride = q.stride(0);  // rows may be views into a wider q|k|v buffer
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_pool.data_ptr<T>();
-  const T* vp = v_pool.data_ptr<T>();
+  const C* kp = k_pool.data_ptr<C>();
+  const C* vp = v_pool.data_ptr<C>();
   const int32_t* tp = tables.data_ptr<int32_t>();
   const int32_t* lp = lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
@@ -96,20 +98,20 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
       const int32_t* table = tp + b * max_blocks;
       const T* qrow = qp + b * q_stride + h * group * D;
       for (int64_t i = 0; i < group * D; ++i) qf[i] = static_cast<float>(qrow[i]) * fscale;
-      const T* kbase = kp + h * num_blocks * block_size * D;
-      const T* vbase = vp + h * num_blocks * block_size * D;
+      const C* kbase = kp + h * num_blocks * block_size * D;
+      const C* vbase = vp + h * num_blocks * block_size * D;
 
       // Rows first .. length-1, a block at a time: the table lookup (a division)
       // once per block rather than once per row.
-      auto for_rows = [&](const T* base, auto&& body) {
+      auto for_rows = [&](const C* base, auto&& body) {
         for (int64_t l = first; l < length;) {
           const int64_t off = l % block_size, n = std::min(block_size - off, length - l);
-          const T* r = base + (static_cast<int64_t>(table[l / block_size]) * block_size + off) * D;
+          const C* r = base + (static_cast<int64_t>(table[l / block_size]) * block_size + off) * D;
           for (int64_t j = 0; j < n; ++j) body(l - first + j, r + j * D);
           l += n;
         }
       };
-      for_rows(kbase, [&](int64_t i, const T* krow) {
+      for_rows(kbase, [&](int64_t i, const C* krow) {
         const float* k = as_float(krow, row.data(), D);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
@@ -131,7 +133,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
         for (int64_t i = 0; i < span; ++i) sg[i] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for_rows(vbase, [&](int64_t i, const T* vrow) {
+      for_rows(vbase, [&](int64_t i, const C* vrow) {
         const float* v = as_float(vrow, row.data(), D);
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * span + i];
@@ -145,14 +147,14 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
   });
 }
 
-template <typename T>
+template <typename T, typename C = T>
 void dispatch_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& t, const at::Tensor& n, at::Tensor& out, double scale,
                   int64_t window) {
   switch (q.size(2)) {
-    case 64: decode_kernel<T, 64>(q, k, v, t, n, out, scale, window); break;
-    case 128: decode_kernel<T, 128>(q, k, v, t, n, out, scale, window); break;
-    default: decode_kernel<T, 0>(q, k, v, t, n, out, scale, window);
+    case 64: decode_kernel<T, C, 64>(q, k, v, t, n, out, scale, window); break;
+    case 128: decode_kernel<T, C, 128>(q, k, v, t, n, out, scale, window); break;
+    default: decode_kernel<T, C, 0>(q, k, v, t, n, out, scale, window);
   }
 }
 
@@ -161,8 +163,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& context_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
               "paged_decode_attention: q [B, H, D], pools [KVH, blocks, block_size, D]");
-  TORCH_CHECK(q.scalar_type() == k_pool.scalar_type() && q.scalar_type() == v_pool.scalar_type(),
-              "paged_decode_attention: q and the pools must share a dtype");
+  const bool bf16_pools = q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((q.scalar_type() == k_pool.scalar_type() || bf16_pools) &&
+                  k_pool.scalar_type() == v_pool.scalar_type(),
+              "paged_decode_attention: q and the pools must share a dtype "
+              "(or the pools be bfloat16 under a float32 q)");
   TORCH_CHECK(q.size(2) == k_pool.size(3), "paged_decode_attention: head_dim mismatch");
   TORCH_CHECK(q.size(1) % k_pool.size(0) == 0, "paged_decode_attention: heads % kv_heads != 0");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
@@ -175,7 +180,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
               block_tables.is_contiguous() && context_lens.is_contiguous(),
               "paged_decode_attention: inputs must be contiguous");
   at::Tensor out = at::empty(q.sizes(), q.options());
-  if (q.scalar_type() == at::kFloat) {
+  if (bf16_pools) {
+    dispatch_dim<float, c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale,
+                                       window);
+  } else if (q.scalar_type() == at::kFloat) {
     dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
   } else if (q.scalar_type() == at::kBFloat16) {
     dispatch_dim<c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);

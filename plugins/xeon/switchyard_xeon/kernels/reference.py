@@ -38,6 +38,7 @@ def paged_decode_reference(
     # [kv_heads, B * width, block, D] -> [B, kv_heads, width * block, D]
     keys = k_pool.index_select(1, flat).view(kv_heads, batch, length, dim).transpose(0, 1)
     values = v_pool.index_select(1, flat).view(kv_heads, batch, length, dim).transpose(0, 1)
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # bf16 pools under an fp32 q
     pos = torch.arange(length, device=q.device)[None, :]
     lens = context_lens.long()[:, None]
     mask = pos < lens
@@ -87,8 +88,9 @@ class TorchFusedOps:
         flat = (kv_heads, k_pool.shape[1] * k_pool.shape[2], dim)
         k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
         v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
-        k_pool.view(flat).index_copy_(1, slots, k.transpose(0, 1))
-        v_pool.view(flat).index_copy_(1, slots, v.transpose(0, 1))
+        # Pools may be bf16 under fp32 activations: the stored copy is rounded.
+        k_pool.view(flat).index_copy_(1, slots, k.transpose(0, 1).to(k_pool.dtype))
+        v_pool.view(flat).index_copy_(1, slots, v.transpose(0, 1).to(v_pool.dtype))
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` for ``x`` = gate | up along the last axis."""
