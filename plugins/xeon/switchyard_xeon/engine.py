@@ -146,9 +146,10 @@ class XeonEngine(Engine):
         workers per thread that runs parallel regions: had this thread
         loaded and packed the weights, its idle pool would count against the
         cores, and libgomp, seeing more threads than cores, makes every pool
-        sleep between regions instead of spinning. One pool only measured
-        9.8-12.5 ms for a batch-1 decode step's matmuls against 13.7-16.7
-        with two (135M shape, 2 cores, bf16 dot panels).
+        sleep between regions instead of spinning. One pool measured
+        9.6-10.7 ms for a batch-1 decode step's matmuls against 14.8-15.7
+        with two (135M shape, 2 cores, bf16 dot panels;
+        ``benchmarks/cpu_path/omp_pools.py``).
         """
         if self.config.quantize:
             raise EngineStartError(
