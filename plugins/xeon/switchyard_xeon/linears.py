@@ -104,10 +104,10 @@ class PanelLinear(torch.nn.Module):
         weight = weight.detach()
         self.bf16_dot = bf16_dot
         self.narrowed = not bf16_dot and narrow and holds_bf16(weight)
-        stored = weight.to(torch.bfloat16) if self.narrowed else weight
         if bf16_dot:
             packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
         else:
+            stored = weight.to(torch.bfloat16) if self.narrowed else weight
             packed = torch.ops.switchyard_xeon.pack_panels(stored)
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().contiguous().clone(),

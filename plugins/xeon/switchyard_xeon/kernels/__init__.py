@@ -272,18 +272,11 @@ def _self_check_panels() -> str:
     """
     gen = torch.Generator().manual_seed(2)
     for storage in (torch.float32, torch.bfloat16):
-        for rows, out, inner in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
-            x = torch.randn(rows, inner, generator=gen)
-            w = torch.randn(out, inner, generator=gen).to(storage)
-            b = torch.randn(out, generator=gen)
-            try:
-                packed = torch.ops.switchyard_xeon.pack_panels(w)
-                got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
-            except Exception as exc:
-                return f"{type(exc).__name__}: {exc}"
-            err = (got - torch.nn.functional.linear(x, w.float(), b)).abs().max().item()
-            if not err <= 1e-4 * max(1.0, inner ** 0.5):
-                return f"panel linear ({storage}) max error {err:.3g}"
+        for case in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
+            error = _panel_case_error(lambda w: torch.ops.switchyard_xeon.pack_panels(
+                w.to(storage)), case, gen, bf16_inputs=False)
+            if error:
+                return f"panel linear ({storage}): {error}"
     return ""
 
 
@@ -294,17 +287,33 @@ def _self_check_bf16_dot() -> str:
     last panel), an odd number of panels (one runs alone), 1-13 and 600 rows.
     """
     gen = torch.Generator().manual_seed(3)
-    for rows, out, inner in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
-        x = torch.randn(rows, inner, generator=gen)
-        w = torch.randn(out, inner, generator=gen)
-        b = torch.randn(out, generator=gen)
-        try:
-            packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(w)
-            got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        want = torch.nn.functional.linear(x.bfloat16().float(), w.bfloat16().float(), b)
-        err = (got - want).abs().max().item()
-        if not err <= 1e-4 * max(1.0, inner ** 0.5):
-            return f"bf16 dot panels max error {err:.3g}"
+    for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
+        error = _panel_case_error(torch.ops.switchyard_xeon.pack_panels_bf16_dot, case, gen,
+                                  bf16_inputs=True)
+        if error:
+            return f"bf16 dot panels: {error}"
     return ""
+
+
+def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[int, int, int],
+                      gen: torch.Generator, bf16_inputs: bool) -> str:
+    """'' when ``panel_linear`` over ``pack(w)`` matches ``F.linear`` for (rows, out, inner).
+
+    The reference sees the weight as packed (``w`` rounded to bf16 where the
+    packing stores bf16) and, with ``bf16_inputs``, the input rounded to bf16.
+    """
+    rows, out, inner = case
+    x = torch.randn(rows, inner, generator=gen)
+    w = torch.randn(out, inner, generator=gen)
+    b = torch.randn(out, generator=gen)
+    try:
+        packed = pack(w)
+        got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if packed.dtype == torch.bfloat16:
+        w = w.bfloat16().float()
+    if bf16_inputs:
+        x = x.bfloat16().float()
+    err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
+    return "" if err <= 1e-4 * max(1.0, inner ** 0.5) else f"max error {err:.3g}"
