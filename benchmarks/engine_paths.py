@@ -1,7 +1,7 @@
 """The Xeon engine in process, one configuration against another, in the same run.
 
 For each engine configuration (``--variant name=key=value,key=value``; the
-keys are ``--engine-option`` keys), start a real ``XeonEngine`` on a model
+keys are ``--engine-option`` keys, and ``quantize``), start a real ``XeonEngine`` on a model
 folder, submit waves of N greedy requests (``--prompt-tokens`` prompt,
 exactly ``--new-tokens`` new tokens), and report output tokens/s, mean ms per
 decode step and time to first token. Configurations run one after another in
@@ -99,9 +99,10 @@ def main() -> None:
     variants = [parse_variant(v) for v in args.variant]
     engines: dict[str, XeonEngine] = {}
     for name, options in variants:
+        quantize = options.pop("quantize", None)  # an EngineConfig field, not an option
         engine = XeonEngine(EngineConfig(model_path=args.model, dtype=args.dtype,
                                          max_total_tokens=args.prompt_tokens + args.new_tokens,
-                                         options=options))
+                                         quantize=quantize, options=options))
         engine.start()
         engine.warmup()
         engines[name] = engine

@@ -12,8 +12,10 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 (``none``: oneDNN's default); it is what ``switchyard_xeon.linears`` does at load.
 ``panel`` is the engine's own fp32 kernel, ``panel:bf16`` the same with the
 weights stored as bf16 (fp32 math), ``panel:dot`` the AVX512_BF16 kernel
-(``kernels/panel_dot_bf16.cpp``: bf16 weights and inputs, fp32 sums). ``int8`` is weight-only int8 with per-row
-scales (``torch._weight_int8pack_mm``),
+(``kernels/panel_dot_bf16.cpp``: bf16 weights and inputs, fp32 sums),
+``panel:int8`` that kernel over int8 weights with per-feature scales (the
+engine's ``--quantize int8``). ``int8`` is PyTorch's weight-only int8 with
+per-row scales (``torch._weight_int8pack_mm``),
 and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
 W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
 candidates for batch-1 decode that the engine does not use.
@@ -31,6 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from common import SMALL
+
+MEDIUM = dict(hidden=896, inter=4864, layers=24, heads=14, kv_heads=2, head_dim=64, vocab=151936)
+"""The Qwen2.5-0.5B shape (``--shape medium``)."""
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 
@@ -104,7 +109,7 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     if name == "gemv":
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
-    if name in ("panel", "panel:bf16", "panel:dot"):  # the engine's kernels
+    if name in ("panel", "panel:bf16", "panel:dot", "panel:int8"):  # the engine's kernels
         from switchyard_xeon.kernels import load_kernels
 
         assert load_kernels().fn is not None, load_kernels().reason
@@ -112,6 +117,11 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
         stored = weight.to(torch.bfloat16) if name == "panel:bf16" else weight
         if name == "panel:dot":
             panels = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
+        elif name == "panel:int8":
+            from switchyard_xeon.quantization import quantize_int8
+
+            quantized = quantize_int8(weight)
+            panels = torch.ops.switchyard_xeon.pack_panels_int8_dot(quantized.q, quantized.scale)
         else:
             panels = torch.ops.switchyard_xeon.pack_panels(stored)
         return lambda x: torch.ops.switchyard_xeon.panel_linear(x, panels, None, weight.shape[0])
@@ -128,10 +138,12 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["F.linear", "packed:none", "packed:1",
                                                           "packed:64"])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shape", default="small", choices=["small", "medium"])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    weights = [torch.randn(o, i).mul_(0.02).to(dtype) for o, i in step_shapes()]
+    weights = [torch.randn(o, i).mul_(0.02).to(dtype) for o, i in step_shapes(
+        MEDIUM if args.shape == "medium" else SMALL)]
     flops_per_row = 2 * sum(w.numel() for w in weights)
     print(f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads, {args.dtype}, "
           f"{flops_per_row // 2 / 1e6:.1f} M weights, load {os.getloadavg()[0]:.1f}")

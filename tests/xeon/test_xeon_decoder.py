@@ -28,6 +28,7 @@ from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.linears import pack_linears
 from switchyard_xeon.machine import read_cpu_info
+from switchyard_xeon.quantization import quantize_int8
 
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, prompt_of, token_ids
 
@@ -274,15 +275,28 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
 
 
 class _Bf16Matmul(torch.nn.Module):
-    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias."""
+    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias.
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    With ``int8`` the weight is the int8-quantized one: the integers (exact in
+    bf16) times the input, and then the per-feature scales, the kernel's order.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, int8: bool = False) -> None:
         super().__init__()
-        self.weight = linear.weight.detach().bfloat16().float()
+        weight = linear.weight.detach()
+        self.scale = None
+        if int8:
+            quantized = quantize_int8(weight)
+            self.weight, self.scale = quantized.q.float(), quantized.scale
+        else:
+            self.weight = weight.bfloat16().float()
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.bfloat16().float(), self.weight, self.bias)
+        y = torch.nn.functional.linear(x.bfloat16().float(), self.weight)
+        if self.scale is not None:
+            y = y * self.scale
+        return y if self.bias is None else y + self.bias
 
 
 def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
@@ -293,11 +307,12 @@ def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
                                   attention_mask, **kwargs)
 
 
-def _with_bf16_matmuls(model: torch.nn.Module) -> torch.nn.Module:
+def _with_bf16_matmuls(model: torch.nn.Module, int8: bool = False) -> torch.nn.Module:
     """A copy of fp32 ``model`` as the engine runs ``--dtype bfloat16`` on bf16 dot panels.
 
-    Every linear is a bf16 matmul and attention reads keys and values rounded
-    to bf16 (the cache); the embedding, norms and the rest stay fp32.
+    Every linear is a bf16 matmul (over int8 weights with ``int8``: ``--quantize
+    int8``) and attention reads keys and values rounded to bf16 (the cache);
+    the embedding, norms and the rest stay fp32.
     """
     import copy
 
@@ -310,7 +325,7 @@ def _with_bf16_matmuls(model: torch.nn.Module) -> torch.nn.Module:
     for parent in list(twin.modules()):
         for name, child in parent.named_children():
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, _Bf16Matmul(child))
+                setattr(parent, name, _Bf16Matmul(child, int8))
     twin.set_attn_implementation("bf16_kv_sdpa")
     return twin
 
@@ -420,3 +435,35 @@ def test_without_native_kernels_the_decoder_runs_on_torch_ops(make_engine, hf_gr
     for i, prompt in enumerate(prompts):
         engine.submit(greedy_request(f"r{i}", prompt, 8), sink)
     assert [token_ids(sink.wait(f"r{i}")) for i in range(2)] == [hf_greedy(p, 8) for p in prompts]
+
+
+def test_int8_weights_match_generate_with_dequantized_weights(family_model, caplog):
+    """``--quantize int8``: the same parity, the reference's weights int8-quantized.
+
+    The int8 reference also differs from the bf16 one (so the engine really
+    runs the quantized weights), and the engine reports bf16, the dtype its
+    matmuls compute in.
+    """
+    if not load_kernels().bf16_dot:
+        pytest.skip("no AVX512_BF16 here: --quantize int8 needs the dot-product panels")
+    folder, model = family_model
+    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
+    want = _generate(_with_bf16_matmuls(model, int8=True), prompts, 10)
+    twin = _with_bf16_matmuls(model)
+    with torch.inference_mode():
+        x = torch.tensor([prompts[0]])
+        assert not torch.equal(twin(x).logits, _with_bf16_matmuls(model, True)(x).logits)
+    for forward in ("auto", "decoder", "transformers"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="switchyard.xeon"):
+            engine = XeonEngine(EngineConfig(
+                model_path=str(folder), dtype="auto", quantize="int8",
+                max_batch_prefill_tokens=16,
+                options={**TEST_OPTIONS, "block_size": "4", "forward": forward}))
+            engine.start()
+        try:
+            assert engine.info is not None and engine.info.dtype == "bfloat16"
+            assert "int8 weights (per-feature scales) and bf16 dot products" in caplog.text
+            assert _engine_tokens(engine, prompts, 10) == want, forward
+        finally:
+            engine.shutdown()

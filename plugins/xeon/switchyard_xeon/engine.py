@@ -50,7 +50,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
-from switchyard_xeon import attention, machine
+from switchyard_xeon import attention, machine, quantization
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -151,9 +151,10 @@ class XeonEngine(Engine):
         with two (135M shape, 2 cores, bf16 dot panels;
         ``benchmarks/cpu_path/omp_pools.py``).
         """
-        if self.config.quantize:
+        if self.config.quantize and self.config.quantize not in quantization.METHODS:
             raise EngineStartError(
-                f"xeon engine: quantization {self.config.quantize!r} is not supported yet"
+                f"xeon engine: quantization {self.config.quantize!r} is not supported "
+                f"(it implements: {', '.join(quantization.METHODS)})"
             )
         started = threading.Event()
         outcome: list[ModelInfo | BaseException] = []
@@ -212,12 +213,16 @@ class XeonEngine(Engine):
         # the KV cache is bf16, and everything else (norms, rotary, attention's
         # arithmetic, the residual stream) stays fp32, so the model loads in fp32
         # and its linears are rounded to bf16 as they are packed.
+        int8 = self.config.quantize == quantization.INT8
+        if int8:
+            dtype = self._int8_dtype(dtype)
         bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
         cache_dtype = dtype
         if bf16_dot:
             dtype = torch.float32
-            logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel and a bf16 KV "
-                        "cache, fp32 activations")
+            logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel%s and a bf16 KV "
+                        "cache, fp32 activations",
+                        " over int8 weights (--quantize int8)" if int8 else "")
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         loaded = load_causal_lm(
             self.config.model_path,
@@ -229,7 +234,7 @@ class XeonEngine(Engine):
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, int8)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(cache_dtype),
@@ -256,20 +261,43 @@ class XeonEngine(Engine):
                                     watermark)
         return loaded.info
 
+    def _int8_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``--quantize int8`` runs in (bf16), or why it cannot run here.
+
+        Its kernel is the bf16 dot-product one over int8 weights, so it needs
+        what bf16 needs (AVX512_BF16 and the native kernels) and a dtype that
+        is, or resolves to, bfloat16.
+        """
+        if self.config.dtype not in ("auto", "bfloat16"):
+            raise EngineStartError(
+                f"xeon engine: --quantize int8 computes bf16 matmuls over int8 weights; "
+                f"use --dtype auto or bfloat16, not {self.config.dtype}")
+        status = load_kernels()
+        if dtype != torch.bfloat16 or not self._bf16_dot_available():
+            why = status.reason if status.fn is None else (
+                "linears=" + _option(self.config.options, "linears", LINEARS)
+                if status.bf16_dot else "this CPU has no AVX512_BF16")
+            raise EngineStartError(
+                f"xeon engine: --quantize int8 runs on the AVX512_BF16 dot-product kernels, "
+                f"which are not available ({why})")
+        return torch.bfloat16
+
     def _bf16_dot_available(self) -> bool:
         """Whether bf16 runs on the bf16 dot-product panels: the kernels have them, linears allow."""
         linears = _option(self.config.options, "linears", LINEARS)
         return linears in ("packed", "panel") and load_kernels().bf16_dot
 
     def _fast_path(self, model: torch.nn.Module, cpu_flags: frozenset[str],
-                   bf16_dot: bool = False) -> tuple[PackedForward, PagedDecodeFn | None]:
+                   bf16_dot: bool = False,
+                   int8: bool = False) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
         Options: ``linears`` (``packed``, the default: bf16 on the native
         bf16 dot-product panels where the CPU has AVX512_BF16 (``bf16_dot``:
         the model was loaded in fp32 for them), fp32 on the native panel
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
-        measured to win, others on oneDNN; ``panel``: the panel kernel for
+        measured to win, others on oneDNN; with ``int8`` (``--quantize
+        int8``) those bf16 panels hold int8 weights; ``panel``: the panel kernel for
         fp32 whatever the CPU; ``onednn``: oneDNN for fp32 and bf16 alike;
         ``stock``: fused but not packed), ``panel_storage`` (``auto``:
         panels of weights that hold only bf16 values, as a bf16 checkpoint
@@ -295,7 +323,7 @@ class XeonEngine(Engine):
                               panels=status.fn is not None and (
                                   bf16_dot or linears == "panel"
                                   or (linears == "packed" and avx2_only)),
-                              narrow=storage == "auto", bf16_dot=bf16_dot)
+                              narrow=storage == "auto", bf16_dot=bf16_dot, int8=int8)
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")

@@ -10,7 +10,8 @@ Five sources, one library, registered as ``switchyard_xeon::*`` torch operators:
   features, stored as fp32 or bf16 (:class:`~switchyard_xeon.linears.PanelLinear`);
 - ``panel_dot_bf16.cpp``: bf16 linears (bf16 weights and inputs, fp32 sums)
   on CPUs with AVX512_BF16, the same panels in the k-pair order of its
-  dot-product instruction;
+  dot-product instruction, and the same over int8 weights with per-feature
+  scales (``--quantize int8``, :mod:`switchyard_xeon.quantization`);
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
 
@@ -111,7 +112,8 @@ class KernelStatus:
     reason: str
     fused: FusedOps | None = None
     bf16_dot: bool = False
-    """The bf16 dot-product panels exist (built for a CPU with AVX512_BF16) and passed their check."""
+    """The dot-product panels (bf16 and int8 weights) exist (built for a CPU with
+    AVX512_BF16) and passed their check."""
 
 
 _lock = threading.Lock()
@@ -281,26 +283,42 @@ def _self_check_panels() -> str:
 
 
 def _self_check_bf16_dot() -> str:
-    """Compare the bf16 dot-product panels with ``F.linear`` on bf16-rounded inputs; '' when they agree.
+    """Compare the dot-product panels with ``F.linear`` on bf16-rounded inputs; '' when they agree.
 
-    Ragged shapes: odd K (a padded k pair), N not a multiple of 16 (a masked
-    last panel), an odd number of panels (one runs alone), 1-13 and 600 rows.
+    Both weight storages: bf16, and int8 with per-feature scales (the
+    reference uses the dequantized weight). Ragged shapes: odd K (a padded k
+    pair), N not a multiple of 16 (a masked last panel), an odd number of
+    panels (one runs alone), 1-13 and 600 rows (int8: widened in registers up
+    to 6 rows, through a per-thread buffer past that).
     """
+    from switchyard_xeon.quantization import quantize_int8
+
+    ops = torch.ops.switchyard_xeon
+
+    def pack_int8(w: torch.Tensor) -> torch.Tensor:
+        weight = quantize_int8(w)
+        return ops.pack_panels_int8_dot(weight.q, weight.scale)
+
     gen = torch.Generator().manual_seed(3)
     for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
-        error = _panel_case_error(torch.ops.switchyard_xeon.pack_panels_bf16_dot, case, gen,
-                                  bf16_inputs=True)
+        error = _panel_case_error(ops.pack_panels_bf16_dot, case, gen, bf16_inputs=True)
         if error:
             return f"bf16 dot panels: {error}"
+        error = _panel_case_error(pack_int8, case, gen, bf16_inputs=True,
+                                  seen=lambda w: quantize_int8(w).dequantize())
+        if error:
+            return f"int8 dot panels: {error}"
     return ""
 
 
 def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[int, int, int],
-                      gen: torch.Generator, bf16_inputs: bool) -> str:
+                      gen: torch.Generator, bf16_inputs: bool,
+                      seen: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
     """'' when ``panel_linear`` over ``pack(w)`` matches ``F.linear`` for (rows, out, inner).
 
-    The reference sees the weight as packed (``w`` rounded to bf16 where the
-    packing stores bf16) and, with ``bf16_inputs``, the input rounded to bf16.
+    The reference sees the weight as packed: ``seen(w)`` when given, else
+    ``w`` rounded to bf16 where the packing stores bf16; with
+    ``bf16_inputs``, the input rounded to bf16 too.
     """
     rows, out, inner = case
     x = torch.randn(rows, inner, generator=gen)
@@ -311,7 +329,9 @@ def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[
         got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
-    if packed.dtype == torch.bfloat16:
+    if seen is not None:
+        w = seen(w)
+    elif packed.dtype == torch.bfloat16:
         w = w.bfloat16().float()
     if bf16_inputs:
         x = x.bfloat16().float()

@@ -53,9 +53,10 @@ at::Tensor decode_layers(at::Tensor residual, at::Tensor h, const at::Tensor& co
                                                            context_lens, scalings[i], windows[i]);
     h = sy::panel_linear(attended.view({tokens, q_width}), w[3], biases.get(4 * i + 1), hidden);
     sy::add_rms_norm_(h, residual, w[1], eps[i]);
-    // down's input width, the MLP's intermediate size: the packed K, or half of it
-    // in bf16 dot panels (k pairs; Llama-family sizes are even).
-    const int64_t inner = sy::is_bf16_dot_packed(w[5]) ? 2 * w[5].size(1) : w[5].size(1);
+    // down's input width, the MLP's intermediate size: the packed K, or twice the
+    // k pairs of dot panels (Llama-family sizes are even).
+    const int64_t pairs = sy::dot_pairs(w[5]);
+    const int64_t inner = pairs >= 0 ? 2 * pairs : w[5].size(1);
     const at::Tensor gate_up = sy::panel_linear(h, w[4], biases.get(4 * i + 2), 2 * inner);
     h = sy::panel_linear(sy::silu_and_mul(gate_up), w[5], biases.get(4 * i + 3), hidden);
   }

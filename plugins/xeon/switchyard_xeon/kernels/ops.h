@@ -16,9 +16,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t n);
 
-// panel_dot_bf16.cpp: whether `packed` is in its layout, and its kernel
+// panel_dot_bf16.cpp: the k-pair steps of x that `packed` covers when it is in
+// one of that file's layouts (bf16 or int8 weights), else -1; and its kernel
 // (called by panel_linear, which checks x and the bias first).
-bool is_bf16_dot_packed(const at::Tensor& packed);
+int64_t dot_pairs(const at::Tensor& packed);
 at::Tensor panel_linear_bf16_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                                  int64_t n);
 

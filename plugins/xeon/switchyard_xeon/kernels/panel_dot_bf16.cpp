@@ -18,6 +18,16 @@
 // dozens of rows the two panels stay in L2 while the row tiles pass over them.
 // Against panel_gemm.cpp's fp32 math on the same bf16 weights this doubles the
 // multiply-adds per instruction, which is what bounds batched decoding.
+//
+// int8 weights (weight-only quantization, `--quantize int8`): the same layout
+// with one byte per weight, [N/16, K/2 + 2, 16, 2] int8, where the two extra
+// k-pair steps of each panel hold its 16 fp32 per-feature scales. Integers in
+// [-127, 127] are exact in bf16, so the kernel widens each step to bf16 and
+// runs the bf16 micro-kernel: y = scale * sum(bf16(x) * q). At a few rows it
+// widens in registers and reads half the bytes of bf16 (batch-1 decoding is a
+// weight stream); past kWidenInRegisters rows it widens a pair of panels once
+// into a per-thread bf16 buffer that every row tile then reads, so large
+// batches pay the conversion once per weight, not once per row tile.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,6 +36,7 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -37,7 +48,14 @@ constexpr int64_t kPanel = 16;        // output features per panel
 constexpr int64_t kRows = 6;          // rows of x per micro-kernel call
 constexpr int64_t kChunk = 512;       // rows per pass over the weights
 constexpr int64_t kPrefetchBytes = 4096;
-constexpr int64_t kStep = 2 * kPanel;  // bf16 values per k-pair step of a panel
+// int8 weights: up to this many rows widen in registers (each row tile widens
+// again); past it a panel pair is widened once into a buffer. Measured on the
+// 135M shape's sweep (Zen 4, 2 cores): in registers matched or beat bf16
+// weights up to 24 rows; the buffer costs ~4 ms a sweep at any row count.
+constexpr int64_t kWidenInRegisters = 4 * kRows;
+constexpr int64_t kStep = 2 * kPanel;  // weights per k-pair step of a panel
+constexpr int64_t kScaleSteps = static_cast<int64_t>(kPanel * sizeof(float)) / kStep;
+// ^ k-pair steps of an int8 panel taken by its 16 fp32 scales (64 bytes: two)
 
 using bf16 = at::BFloat16;
 
@@ -62,6 +80,45 @@ at::Tensor pack_panels_bf16_dot(const at::Tensor& weight) {
   return packed;
 }
 
+// q [N, K] int8 with scale [N] fp32 -> [panels, K/2 (rounded up) + 2, 16, 2] int8,
+// zero-padded, each panel's 16 scales in its last two steps (padded features: 0).
+at::Tensor pack_panels_int8_dot(const at::Tensor& weight, const at::Tensor& scale) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar,
+              "pack_panels_int8_dot: weight must be int8 [N, K]");
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == weight.size(0) &&
+                  scale.scalar_type() == at::kFloat,
+              "pack_panels_int8_dot: scale must be float32 [N]");
+  const at::Tensor w = weight.contiguous(), s = scale.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  const int64_t panels = (N + kPanel - 1) / kPanel, pairs = (K + 1) / 2;
+  const int64_t steps = pairs + kScaleSteps;
+  at::Tensor packed = at::zeros({panels, steps, kStep}, w.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = packed.data_ptr<int8_t>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      float* scales = reinterpret_cast<float*>(dst + (p * steps + pairs) * kStep);
+      for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
+        const int8_t* row = src + (p * kPanel + j) * K;
+        int8_t* out = dst + p * steps * kStep + 2 * j;
+        for (int64_t k = 0; k < K; ++k) out[(k / 2) * kStep + (k % 2)] = row[k];
+        scales[j] = s.data_ptr<float>()[p * kPanel + j];
+      }
+    }
+  });
+  return packed;
+}
+
+// One k-pair step of an int8 panel (32 weights) as the bf16 operand of vdpbf16ps:
+// widened to fp32 and rounded to bf16, which is exact for integers this small.
+inline __m512bh widen_step(const int8_t* q) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15 from lo: the order of the bytes
+}
+
 // Rows of x as bf16 pairs: [M, K] fp32 -> [M, K/2 (rounded up)] 32-bit words,
 // rounded to nearest even as .to(bfloat16) does, odd K padded with a zero.
 // Done here rather than with .to(): a dispatched op and a tensor per call
@@ -84,15 +141,18 @@ void rows_as_pairs(const float* x, int64_t M, int64_t K, int64_t pairs, uint32_t
 
 // y[r, n0 : n0 + 16 * P] for R rows (R <= kRows) and P panels (1 or 2) starting at
 // `panel`, stored straight from the accumulators where the features are whole.
-template <int R, int P>
-inline void micro(const uint32_t* x, int64_t pairs, const bf16* panel, const float* bias,
-                  float* y, int64_t N, int64_t n0) {
-  const int64_t stride = pairs * kStep;  // bf16 values from one panel to the next
+// W is the weight type: bf16, or int8 (widened step by step; `stride` counts
+// the scale steps). `scale0`/`scale1` (int8 weights) multiply each panel's sums.
+template <int R, int P, typename W>
+inline void micro(const uint32_t* x, int64_t pairs, const W* panel, int64_t stride,
+                  const float* scale0, const float* scale1, const float* bias, float* y,
+                  int64_t N, int64_t n0) {
+  constexpr bool kInt8 = std::is_same_v<W, int8_t>;
   __m512 a0 = _mm512_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
   __m512 a3 = a0, b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
-  constexpr int64_t ahead = kPrefetchBytes / (kStep * sizeof(bf16));
-  const bf16* p0 = panel;
-  const bf16* p1 = panel + stride;
+  constexpr int64_t ahead = kPrefetchBytes / (kStep * sizeof(W));
+  const W* p0 = panel;
+  const W* p1 = panel + stride;
 #define SY_ROW(i)                                                                       \
   if constexpr (R > i) {                                                                \
     const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * pairs + k])); \
@@ -101,11 +161,19 @@ inline void micro(const uint32_t* x, int64_t pairs, const bf16* panel, const flo
   }
   for (int64_t k = 0; k < pairs; ++k) {
     _mm_prefetch(reinterpret_cast<const char*>(p0 + (k + ahead) * kStep), _MM_HINT_T0);
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(p0 + k * kStep);
-    __m512bh w1;
+    __m512bh w0, w1;
+    if constexpr (kInt8) {
+      w0 = widen_step(p0 + k * kStep);
+    } else {
+      w0 = (__m512bh)_mm512_loadu_si512(p0 + k * kStep);
+    }
     if constexpr (P > 1) {
       _mm_prefetch(reinterpret_cast<const char*>(p1 + (k + ahead) * kStep), _MM_HINT_T0);
-      w1 = (__m512bh)_mm512_loadu_si512(p1 + k * kStep);
+      if constexpr (kInt8) {
+        w1 = widen_step(p1 + k * kStep);
+      } else {
+        w1 = (__m512bh)_mm512_loadu_si512(p1 + k * kStep);
+      }
     }
     SY_ROW(0) SY_ROW(1) SY_ROW(2) SY_ROW(3) SY_ROW(4) SY_ROW(5)
   }
@@ -121,59 +189,92 @@ inline void micro(const uint32_t* x, int64_t pairs, const bf16* panel, const flo
     c0 = _mm512_maskz_loadu_ps(m0, bias + n0);
     if constexpr (P > 1) c1 = _mm512_maskz_loadu_ps(m1, bias + n0 + kPanel);
   }
-#define SY_STORE(i)                                                               \
-  if constexpr (R > i) {                                                          \
-    _mm512_mask_storeu_ps(y + i * N + n0, m0, _mm512_add_ps(a##i, c0));           \
-    if constexpr (P > 1)                                                          \
-      _mm512_mask_storeu_ps(y + i * N + n0 + kPanel, m1, _mm512_add_ps(b##i, c1)); \
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 s0 = scale0 ? _mm512_loadu_ps(scale0) : one;
+  const __m512 s1 = P > 1 && scale1 ? _mm512_loadu_ps(scale1) : one;
+#define SY_STORE(i)                                                                         \
+  if constexpr (R > i) {                                                                    \
+    _mm512_mask_storeu_ps(y + i * N + n0, m0, _mm512_fmadd_ps(a##i, s0, c0));               \
+    if constexpr (P > 1)                                                                    \
+      _mm512_mask_storeu_ps(y + i * N + n0 + kPanel, m1, _mm512_fmadd_ps(b##i, s1, c1));    \
   }
   SY_STORE(0) SY_STORE(1) SY_STORE(2) SY_STORE(3) SY_STORE(4) SY_STORE(5)
 #undef SY_STORE
 }
 
 // Every row tile of rows [0, rows) times P panels from `panel` (output features n0..).
-template <int P>
-void panel_rows(const uint32_t* x, const bf16* panel, const float* bias, float* y, int64_t rows,
-                int64_t N, int64_t pairs, int64_t n0) {
+template <int P, typename W>
+void tiles(const uint32_t* x, const W* panel, int64_t stride, const float* scale0,
+           const float* scale1, const float* bias, float* y, int64_t rows, int64_t N,
+           int64_t pairs, int64_t n0) {
   for (int64_t r = 0; r < rows; r += kRows) {
     const uint32_t* xr = x + r * pairs;
     float* yr = y + r * N;
+#define SY_TILE(R) micro<R, P, W>(xr, pairs, panel, stride, scale0, scale1, bias, yr, N, n0)
     switch (std::min(kRows, rows - r)) {
-      case 1: micro<1, P>(xr, pairs, panel, bias, yr, N, n0); break;
-      case 2: micro<2, P>(xr, pairs, panel, bias, yr, N, n0); break;
-      case 3: micro<3, P>(xr, pairs, panel, bias, yr, N, n0); break;
-      case 4: micro<4, P>(xr, pairs, panel, bias, yr, N, n0); break;
-      case 5: micro<5, P>(xr, pairs, panel, bias, yr, N, n0); break;
-      default: micro<6, P>(xr, pairs, panel, bias, yr, N, n0);
+      case 1: SY_TILE(1); break;
+      case 2: SY_TILE(2); break;
+      case 3: SY_TILE(3); break;
+      case 4: SY_TILE(4); break;
+      case 5: SY_TILE(5); break;
+      default: SY_TILE(6);
     }
+#undef SY_TILE
+  }
+}
+
+// P panels of either layout from `panel` over rows [0, rows). int8 panels past
+// kWidenInRegisters rows are widened once into this thread's bf16 buffer.
+template <int P, typename W>
+void panel_rows(const uint32_t* x, const W* panel, const float* bias, float* y, int64_t rows,
+                int64_t N, int64_t pairs, int64_t n0) {
+  if constexpr (std::is_same_v<W, bf16>) {
+    tiles<P>(x, panel, pairs * kStep, nullptr, nullptr, bias, y, rows, N, pairs, n0);
+  } else {
+    const int64_t stride = (pairs + kScaleSteps) * kStep;
+    const float* scale0 = reinterpret_cast<const float*>(panel + pairs * kStep);
+    const float* scale1 = P > 1 ? reinterpret_cast<const float*>(panel + stride + pairs * kStep)
+                                : nullptr;
+    if (rows <= kWidenInRegisters) {
+      tiles<P>(x, panel, stride, scale0, scale1, bias, y, rows, N, pairs, n0);
+      return;
+    }
+    static thread_local std::vector<bf16> widened;
+    widened.resize(P * pairs * kStep);
+    for (int64_t p = 0; p < P; ++p) {
+      for (int64_t k = 0; k < pairs; ++k) {
+        _mm512_storeu_si512(widened.data() + (p * pairs + k) * kStep,
+                            (__m512i)widen_step(panel + p * stride + k * kStep));
+      }
+    }
+    tiles<P>(x, widened.data(), pairs * kStep, scale0, scale1, bias, y, rows, N, pairs, n0);
   }
 }
 
 }  // namespace
 
-bool switchyard_xeon::is_bf16_dot_packed(const at::Tensor& packed) {
-  return packed.dim() == 3 && packed.size(2) == kStep && packed.scalar_type() == at::kBFloat16;
+int64_t switchyard_xeon::dot_pairs(const at::Tensor& packed) {
+  if (packed.dim() != 3 || packed.size(2) != kStep) return -1;
+  if (packed.scalar_type() == at::kBFloat16) return packed.size(1);
+  if (packed.scalar_type() == at::kChar && packed.size(1) > kScaleSteps) {
+    return packed.size(1) - kScaleSteps;
+  }
+  return -1;
 }
 
-at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor& x, const at::Tensor& packed,
-                                                  const float* bias, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1), pairs = packed.size(1);
-  const int64_t panels = packed.size(0), duos = (panels + 1) / 2;
-  TORCH_CHECK(pairs == (K + 1) / 2 && packed.is_contiguous(),
-              "panel_linear: bf16 dot panels do not match x");
-  std::vector<uint32_t> pairs_of_x(M * pairs);
-  rows_as_pairs(x.data_ptr<float>(), M, K, pairs, pairs_of_x.data());
-  const uint32_t* xp = pairs_of_x.data();
-  const bf16* wp = packed.data_ptr<bf16>();
-  at::Tensor y = at::empty({M, N}, x.options());
-  float* yp = y.data_ptr<float>();
+namespace {
+
+template <typename W>
+void run_dot(const uint32_t* xp, const W* wp, const float* bias, float* yp, int64_t M, int64_t N,
+             int64_t pairs, int64_t panels, int64_t stride) {
+  const int64_t duos = (panels + 1) / 2;
   for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
     const int64_t rows = std::min(kChunk, M - m0);
     // Threads split pairs of panels; an odd last panel runs alone.
     at::parallel_for(0, duos, 1, [&](int64_t begin, int64_t end) {
       for (int64_t d = begin; d < end; ++d) {
         const int64_t p = 2 * d;
-        const bf16* panel = wp + p * pairs * kStep;
+        const W* panel = wp + p * stride;
         const uint32_t* xr = xp + m0 * pairs;
         float* yr = yp + m0 * N;
         if (p + 1 < panels) {
@@ -184,20 +285,42 @@ at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor& x, const at:
       }
     });
   }
+}
+
+}  // namespace
+
+at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor& x, const at::Tensor& packed,
+                                                  const float* bias, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1), pairs = dot_pairs(packed);
+  TORCH_CHECK(pairs == (K + 1) / 2 && packed.is_contiguous(),
+              "panel_linear: dot panels do not match x");
+  std::vector<uint32_t> pairs_of_x(M * pairs);
+  rows_as_pairs(x.data_ptr<float>(), M, K, pairs, pairs_of_x.data());
+  at::Tensor y = at::empty({M, N}, x.options());
+  const int64_t panels = packed.size(0), stride = packed.size(1) * kStep;
+  if (packed.scalar_type() == at::kChar) {
+    run_dot(pairs_of_x.data(), packed.data_ptr<int8_t>(), bias, y.data_ptr<float>(), M, N, pairs,
+            panels, stride);
+  } else {
+    run_dot(pairs_of_x.data(), packed.data_ptr<bf16>(), bias, y.data_ptr<float>(), M, N, pairs,
+            panels, stride);
+  }
   return y;
 }
 
 TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
   m.def("pack_panels_bf16_dot(Tensor weight) -> Tensor");
+  m.def("pack_panels_int8_dot(Tensor weight, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {
   m.impl("pack_panels_bf16_dot", &pack_panels_bf16_dot);
+  m.impl("pack_panels_int8_dot", &pack_panels_int8_dot);
 }
 
 #else  // no AVX512_BF16: the layout is never packed here, so panel_linear never comes here.
 
-bool switchyard_xeon::is_bf16_dot_packed(const at::Tensor&) { return false; }
+int64_t switchyard_xeon::dot_pairs(const at::Tensor&) { return -1; }
 
 at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor&, const at::Tensor&,
                                                   const float*, int64_t) {

@@ -256,11 +256,13 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "panel_linear: x must be a contiguous float32 [M, K]");
-  // Two layouts: [panels, K, 16] fp32 or bf16 (fp32 math, here), or the bf16
-  // k-pair layout of panel_dot_bf16.cpp, [panels, K/2 rounded up, 32].
-  const bool dot = switchyard_xeon::is_bf16_dot_packed(packed);
+  // Two kinds of layout: [panels, K, 16] fp32 or bf16 (fp32 math, here), or the
+  // k-pair layouts of panel_dot_bf16.cpp (bf16 or int8 weights, K/2 rounded up steps).
+  const int64_t dot_pairs = switchyard_xeon::dot_pairs(packed);
+  const bool dot = dot_pairs >= 0;
   const int64_t k_steps = dot ? (x.size(1) + 1) / 2 : x.size(1);
-  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.size(1) == k_steps &&
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() &&
+                  (dot ? dot_pairs : packed.size(1)) == k_steps &&
                   (dot || (packed.size(2) == kPanel && (packed.scalar_type() == at::kFloat ||
                                                         packed.scalar_type() == at::kBFloat16))) &&
                   N > (packed.size(0) - 1) * kPanel && N <= packed.size(0) * kPanel,
