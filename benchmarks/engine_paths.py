@@ -5,8 +5,10 @@ keys are ``--engine-option`` keys, and ``quantize``), start a real ``XeonEngine`
 folder, submit waves of N greedy requests (``--prompt-tokens`` prompt,
 exactly ``--new-tokens`` new tokens), and report output tokens/s, mean ms per
 decode step and time to first token. Configurations run one after another in
-rounds (each round runs every variant once), so a machine that gets busier
-mid-run skews all of them alike; the table keeps the best round of each.
+rounds (each round runs every variant once, each in a fresh process: two
+engines in one process would share the cores between two OpenMP pools), so a
+machine that gets busier mid-run skews all of them alike; the table keeps the
+best round of each.
 
     .venv/bin/python benchmarks/engine_paths.py --model /tmp/bench-models/small \\
         --streams 1 32 --variant stock=linears=stock,attention=sdpa --variant fast=
@@ -18,8 +20,10 @@ Python). ``benchmarks/compare_peers.py`` measures the whole server against peers
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -95,35 +99,56 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variant", action="append", required=True)
+    parser.add_argument("--one", action="store_true",
+                        help="(internal) run one variant, one round, print JSON rows")
     args = parser.parse_args()
-    variants = [parse_variant(v) for v in args.variant]
-    engines: dict[str, XeonEngine] = {}
-    for name, options in variants:
-        quantize = options.pop("quantize", None)  # an EngineConfig field, not an option
-        engine = XeonEngine(EngineConfig(model_path=args.model, dtype=args.dtype,
-                                         max_total_tokens=args.prompt_tokens + args.new_tokens,
-                                         quantize=quantize, options=options))
-        engine.start()
-        engine.warmup()
-        engines[name] = engine
-    vocab = next(iter(engines.values())).info.vocab_size  # type: ignore[union-attr]
+    if args.one:
+        measure_one(args)
+        return
+    # Each variant runs in a process of its own, one round at a time: two engines in one
+    # process are two compute threads with an OpenMP pool each, and libgomp then makes
+    # both pools sleep between parallel regions (benchmarks/cpu_path/omp_pools.py).
     best: dict[tuple[str, int], dict[str, float]] = {}
     for r in range(args.rounds):
-        for streams in args.streams:
-            for name, engine in engines.items():
-                row = run_wave(engine, streams, args.prompt_tokens, args.new_tokens, vocab,
-                               f"{name}-{streams}-{r}")
-                key = (name, streams)
+        for text in args.variant:
+            name = parse_variant(text)[0]
+            argv = [sys.executable, __file__, "--one", "--variant", text, "--model", args.model,
+                    "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
+                    "--new-tokens", str(args.new_tokens), "--streams",
+                    *map(str, args.streams)]
+            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                if not line.startswith("{"):
+                    continue
+                row = json.loads(line)
+                key = (name, int(row["streams"]))
                 if key not in best or row["tok_s"] > best[key]["tok_s"]:
                     best[key] = row
-                print(f"round {r} {name:>10} streams {streams:>3}: {row['tok_s']:7.1f} tok/s "
-                      f"step {row['step_ms']:6.1f} ms ttft {row['ttft_ms']:7.0f} ms "
+                print(f"round {r} {name:>10} streams {row['streams']:>3}: {row['tok_s']:7.1f} "
+                      f"tok/s step {row['step_ms']:6.1f} ms ttft {row['ttft_ms']:7.0f} ms "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print("\n| variant | streams | tok/s | decode ms/step | TTFT p50 ms |\n|---|---:|---:|---:|---:|")
     for (name, streams), row in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         print(f"| {name} | {streams} | {row['tok_s']:.1f} | {row['step_ms']:.1f} | "
               f"{row['ttft_ms']:.0f} |")
-    for engine in engines.values():
+
+
+def measure_one(args: argparse.Namespace) -> None:
+    """In this process: start the one variant's engine, run each wave once, print JSON rows."""
+    name, options = parse_variant(args.variant[0])
+    quantize = options.pop("quantize", None)  # an EngineConfig field, not an option
+    engine = XeonEngine(EngineConfig(model_path=args.model, dtype=args.dtype,
+                                     max_total_tokens=args.prompt_tokens + args.new_tokens,
+                                     quantize=quantize, options=options))
+    engine.start()
+    try:
+        engine.warmup()
+        vocab = engine.info.vocab_size  # type: ignore[union-attr]
+        for streams in args.streams:
+            row = run_wave(engine, streams, args.prompt_tokens, args.new_tokens, vocab,
+                           f"{name}-{streams}")
+            print(json.dumps({"streams": streams, **row}), flush=True)
+    finally:
         engine.shutdown()
 
 
