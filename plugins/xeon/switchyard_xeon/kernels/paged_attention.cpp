@@ -25,6 +25,8 @@
 
 #if defined(__SSE__)
 #include <xmmintrin.h>
+#else
+#define _mm_prefetch(p, hint) __builtin_prefetch(p)
 #endif
 
 namespace {
@@ -85,6 +87,18 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
 
+  const int64_t block_bytes = block_size * D * static_cast<int64_t>(sizeof(C));
+  // The first key row of work item `work` (-1: none), to request ahead of it.
+  auto next_item_keys = [&](int64_t work) -> const C* {
+    if (work < 0) return nullptr;
+    const int64_t b = work / kv_heads, h = work % kv_heads, length = lp[b];
+    const int64_t first = (window > 0 && length > window) ? length - window : 0;
+    if (length <= first) return nullptr;
+    return kp + h * num_blocks * block_size * D +
+           (static_cast<int64_t>(tp[b * max_blocks + first / block_size]) * block_size +
+            first % block_size) * D;
+  };
+
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     std::vector<float> qf(group * D), acc(group * D), row(D), scores;
@@ -102,16 +116,33 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
       const C* vbase = vp + h * num_blocks * block_size * D;
 
       // Rows first .. length-1, a block at a time: the table lookup (a division)
-      // once per block rather than once per row.
-      auto for_rows = [&](const C* base, auto&& body) {
+      // once per block rather than once per row. While a block's rows are worked
+      // on, the next block's lines are requested (`then`: the block after the
+      // last one, the V walk's first or the next item's first): blocks lie
+      // scattered in the pool, and the hardware prefetcher stops at each jump.
+      auto for_rows = [&](const C* base, const C* then, auto&& body) {
         for (int64_t l = first; l < length;) {
           const int64_t off = l % block_size, n = std::min(block_size - off, length - l);
           const C* r = base + (static_cast<int64_t>(table[l / block_size]) * block_size + off) * D;
-          for (int64_t j = 0; j < n; ++j) body(l - first + j, r + j * D);
-          l += n;
+          const int64_t next = l + n;
+          const char* ahead = reinterpret_cast<const char*>(
+              next < length ? base + static_cast<int64_t>(table[next / block_size]) * block_size * D
+                            : then);
+          const int64_t per_row = (block_bytes / 64 + n - 1) / n;  // lines to request a row
+          for (int64_t j = 0; j < n; ++j) {
+            if (ahead) {
+              for (int64_t c = 0; c < per_row; ++c) {
+                _mm_prefetch(ahead + (j * per_row + c) * 64, _MM_HINT_T0);
+              }
+            }
+            body(l - first + j, r + j * D);
+          }
+          l = next;
         }
       };
-      for_rows(kbase, [&](int64_t i, const C* krow) {
+      const C* v_first = vbase + (static_cast<int64_t>(table[first / block_size]) * block_size +
+                                  first % block_size) * D;
+      for_rows(kbase, v_first, [&](int64_t i, const C* krow) {
         const float* k = as_float(krow, row.data(), D);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
@@ -133,7 +164,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
         for (int64_t i = 0; i < span; ++i) sg[i] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for_rows(vbase, [&](int64_t i, const C* vrow) {
+      for_rows(vbase, next_item_keys(work + 1 < end ? work + 1 : -1), [&](int64_t i,
+                                                                         const C* vrow) {
         const float* v = as_float(vrow, row.data(), D);
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * span + i];
