@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard_xeon.kernels import PagedDecodeFn
+from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
 from switchyard_xeon.kv_cache import PagedKVCache, context
 
 ATTN_NAME = "switchyard_xeon"
@@ -42,6 +42,26 @@ class DecodeRows:
     rows: torch.Tensor | None
     tables: torch.Tensor
     lens: torch.Tensor
+
+
+@dataclass
+class PrefillRows:
+    """The step's other sequences as the paged prefill kernel takes them (int32 tensors).
+
+    Sequence ``i`` owns packed rows ``starts[i] .. starts[i] + counts[i]``, and
+    ``lens[i]`` tokens are cached after this step, read through ``tables[i]``
+    (padded to the longest).
+    """
+
+    kernel: PagedPrefillFn
+    tables: torch.Tensor
+    lens: torch.Tensor
+    starts: torch.Tensor
+    counts: torch.Tensor
+
+
+PREFILL_HEAD_DIMS = (64, 128)
+"""Head sizes the native prefill kernel is built for; others take SDPA."""
 
 
 @dataclass
@@ -66,6 +86,8 @@ class StepMetadata:
     query_lens: list[int]
     offsets: list[int]
     decode: DecodeRows | None = None
+    prefill: PrefillRows | None = None
+    """Set when the native prefill kernel exists: the lists' sequences, as it takes them."""
 
 
 def register() -> str:
@@ -130,6 +152,16 @@ def attend_packed(
         qd = q.index_select(1, dec.rows).transpose(0, 1).contiguous()
         o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
                        scale, window)
+    pre = step.prefill
+    if pre is not None and q.dtype == torch.float32 and q.shape[-1] in PREFILL_HEAD_DIMS:
+        # Every other sequence in one call over the cache, which holds their new keys too.
+        window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        out = pre.kernel(_dense_heads(q.transpose(0, 1)), cache.keys[layer], cache.values[layer],
+                         pre.tables, pre.lens, pre.starts, pre.counts, scale, window)
+        if dec is not None:
+            out.index_copy_(0, dec.rows, o)
+        return out
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
     if dec is not None:
         out.index_copy_(0, dec.rows, o)

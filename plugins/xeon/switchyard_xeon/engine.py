@@ -255,7 +255,11 @@ class XeonEngine(Engine):
             limits.waiting_served_ratio, limits.max_waiting_tokens,
         )
         self.info = loaded.info
-        self._runner = ModelRunner(forward, cache, blocks, kernel)
+        # The prefill kernel comes with the decode one (attention=sdpa turns both off).
+        prefill = load_kernels().prefill if kernel is not None else None
+        logger.info("prefill attention: %s", "native paged kernel (C++)" if prefill is not None
+                    else "SDPA per sequence")
+        self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)

@@ -18,10 +18,10 @@ from switchyard.engine.logprobs import token_logprobs
 from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError
 
-from switchyard_xeon.attention import DecodeRows, StepMetadata
+from switchyard_xeon.attention import DecodeRows, PrefillRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
 from switchyard_xeon.decoder import PackedForward
-from switchyard_xeon.kernels import PagedDecodeFn
+from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
 from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
 
@@ -109,11 +109,13 @@ class ModelRunner:
     """
 
     def __init__(self, forward: PackedForward, cache: PagedKVCache, blocks: BlockManager,
-                 decode_kernel: PagedDecodeFn | None = None) -> None:
+                 decode_kernel: PagedDecodeFn | None = None,
+                 prefill_kernel: PagedPrefillFn | None = None) -> None:
         self._forward = forward
         self.cache = cache
         self.blocks = blocks
         self.decode_kernel = decode_kernel
+        self.prefill_kernel = prefill_kernel
         self.device = cache.device
 
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
@@ -166,6 +168,7 @@ class ModelRunner:
         dec_rows: list[int] = []
         dec_tables: list[list[int]] = []
         dec_lens: list[int] = []
+        pre_tables: list[list[int]] = []
         size = self.blocks.block_size
         for seq in seqs:
             start, n = seq.num_cached, seq.num_scheduled
@@ -188,10 +191,13 @@ class ModelRunner:
             lens.append(n)
             context_lens.append(start + n)
             offsets.append(off)
+            if self.prefill_kernel is not None:
+                pre_tables.append(self.blocks.table(seq.seq_id)[: blocks_for(start + n, size)])
         meta = StepMetadata(
             self.cache, torch.tensor(slots, device=self.device),
             torch.tensor(blocks, dtype=torch.long, device=self.device), spans,
             context_lens, lens, offsets, self._decode_rows(dec_rows, dec_tables, dec_lens, len(ids)),
+            self._prefill_rows(pre_tables, context_lens, offsets, lens),
         )
         if keep is None:
             keep = last
@@ -200,6 +206,23 @@ class ModelRunner:
             torch.tensor(positions, device=self.device),
             torch.tensor(keep, dtype=torch.long, device=self.device),
             meta,
+        )
+
+    def _prefill_rows(self, tables: list[list[int]], lens: list[int], starts: list[int],
+                      counts: list[int]) -> PrefillRows | None:
+        """The prefill kernel's inputs for the step's other sequences (tables padded with block 0)."""
+        if not tables or self.prefill_kernel is None:
+            return None
+        width = max(len(t) for t in tables)
+
+        def int32(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        return PrefillRows(
+            kernel=self.prefill_kernel,
+            tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                                device=self.device),
+            lens=int32(lens), starts=int32(starts), counts=int32(counts),
         )
 
     def _decode_rows(self, rows: list[int], tables: list[list[int]], lens: list[int],

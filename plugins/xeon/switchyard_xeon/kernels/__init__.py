@@ -1,9 +1,11 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Five sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Six sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
+- ``paged_prefill.cpp``: :data:`PagedPrefillFn`, causal attention of prefill
+  rows over the same cache (AVX-512 builds; elsewhere prefill takes SDPA);
 - ``fused_ops.cpp``: the fused steps of a Llama-family layer the hand-written
   decoder (:mod:`switchyard_xeon.decoder`) calls (:class:`FusedOps`);
 - ``panel_gemm.cpp``: fp32 linears over weights packed in panels of 16 output
@@ -43,6 +45,7 @@ import torch
 logger = logging.getLogger("switchyard.xeon")
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp",
+                                                                "paged_prefill.cpp",
                                                                 "panel_gemm.cpp",
                                                                 "panel_dot_bf16.cpp",
                                                                 "decode_layers.cpp"))
@@ -55,6 +58,16 @@ PagedDecodeFn = Callable[
 ]
 """``(q [B, H, D], k_pool, v_pool, block_tables int32 [B, n], context_lens int32 [B],
 scale, window) -> [B, H, D]``; ``window`` 0 means no sliding window."""
+
+PagedPrefillFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+     torch.Tensor, float, int],
+    torch.Tensor,
+]
+"""``(q fp32 [T, H, D], k_pool, v_pool, block_tables int32 [S, n], context_lens int32 [S],
+query_starts int32 [S], query_lens int32 [S], scale, window) -> [T, H, D]``: sequence
+``s``'s rows of ``q`` attend causally over its cached context, their own keys included
+(see :func:`~switchyard_xeon.kernels.reference.paged_prefill_reference`)."""
 
 
 class FusedOps(Protocol):
@@ -111,6 +124,8 @@ class KernelStatus:
     fn: PagedDecodeFn | None
     reason: str
     fused: FusedOps | None = None
+    prefill: PagedPrefillFn | None = None
+    """Paged prefill attention (AVX-512 builds, head_dim 64 or 128), checked; None elsewhere."""
     bf16_dot: bool = False
     """The dot-product panels (bf16 and int8 weights) exist (built for a CPU with
     AVX512_BF16) and passed their check."""
@@ -149,7 +164,15 @@ def _load() -> KernelStatus:
     dot_error = _self_check_bf16_dot() if bf16_dot else ""
     if dot_error:
         logger.warning("bf16 dot-product panels failed their check, not used: %s", dot_error)
-    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(),
+    prefill = None
+    if hasattr(torch.ops.switchyard_xeon, "paged_prefill_attention"):
+        prefill = torch.ops.switchyard_xeon.paged_prefill_attention.default
+        prefill_error = _self_check_prefill(prefill)
+        if prefill_error:
+            logger.warning("paged prefill attention failed its check, not used: %s",
+                           prefill_error)
+            prefill = None
+    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
                         bf16_dot=bf16_dot and not dot_error)
 
 
@@ -263,6 +286,39 @@ def _self_check_fused(ops: FusedOps) -> str:
             scale = max(1.0, want.float().abs().max().item())
             if not err <= tol * scale:
                 return f"fused op {dtype} max error {err:.3g} > {tol * scale:.3g}"
+    return ""
+
+
+def _self_check_prefill(op: PagedPrefillFn) -> str:
+    """Compare paged prefill attention with the SDPA reference; '' when they agree.
+
+    Fresh prompts, a chunk after cached context, rows shared by two sequences'
+    neighbours, a sliding window, fp32 and bf16 pools, head_dim 64 and 128.
+    """
+    from switchyard_xeon.kernels.reference import paged_prefill_reference
+
+    gen = torch.Generator().manual_seed(4)
+    for pool_dtype, dim, window in ((torch.float32, 64, 0), (torch.bfloat16, 128, 5),
+                                    (torch.bfloat16, 64, 0)):
+        kv_heads, heads, blocks, size = 2, 6, 14, 4
+        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        q = torch.randn(30, heads, dim, generator=gen)
+        tables = torch.tensor([[5, 2, 9, 0, 0], [1, 0, 0, 0, 0], [11, 3, 7, 13, 4]],
+                              dtype=torch.int32)
+        lens = torch.tensor([10, 3, 19], dtype=torch.int32)
+        starts = torch.tensor([0, 12, 15], dtype=torch.int32)  # rows 10, 11 and 29+ unowned
+        counts = torch.tensor([10, 3, 14], dtype=torch.int32)  # the last after 5 cached
+        args = (q, k, v, tables, lens, starts, counts, dim**-0.5, window)
+        try:
+            got = op(*args)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        want = paged_prefill_reference(*args)
+        owned = torch.cat([torch.arange(0, 10), torch.arange(12, 29)])
+        err = (got[owned] - want[owned]).abs().max().item()
+        if not err <= 1e-4:
+            return f"paged prefill ({pool_dtype}, D={dim}) max error {err:.3g}"
     return ""
 
 

@@ -1,4 +1,4 @@
-"""Portable paged decode attention: the same contract as the native kernel, in PyTorch.
+"""Portable paged attention (decode and prefill): the native kernels' contracts, in PyTorch.
 
 The engine's fallback when no kernel could be built, and the reference the
 kernel is checked against. Decode rows of the step are handled in one call:
@@ -50,6 +50,46 @@ def paged_decode_reference(
         attn_mask=mask[:, None, None, :], scale=scale,
     )
     return out.reshape(batch, heads, dim)
+
+
+def paged_prefill_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Prefill attention, the native ``paged_prefill_attention``'s contract, one sequence at a time.
+
+    Sequence ``s`` owns rows ``query_starts[s] .. + query_lens[s]`` of ``q``
+    [T, H, D]; row ``r`` sits at position ``context_lens[s] - query_lens[s] + r``
+    and attends causally (within ``window`` when > 0) over the sequence's
+    cached keys and values (its new ones included), read through its block
+    table. Rows no sequence owns come back as zeros. Returns [T, H, D].
+    """
+    out = torch.zeros_like(q)
+    _, heads, dim = q.shape
+    kv_heads, _, block_size, _ = k_pool.shape
+    for s in range(block_tables.shape[0]):
+        length, start, n = (int(t[s]) for t in (context_lens, query_starts, query_lens))
+        blocks = block_tables[s, : -(-length // block_size)].long()
+        keys = k_pool.index_select(1, blocks).reshape(kv_heads, -1, dim)[:, :length].to(q.dtype)
+        values = v_pool.index_select(1, blocks).reshape(kv_heads, -1, dim)[:, :length].to(q.dtype)
+        qpos = torch.arange(length - n, length)[:, None]
+        kpos = torch.arange(length)[None, :]
+        mask = kpos <= qpos
+        if window > 0:
+            mask &= kpos > qpos - window
+        rows = q[start : start + n].transpose(0, 1)  # [H, n, D]
+        o = F.scaled_dot_product_attention(rows.unsqueeze(0), keys.unsqueeze(0),
+                                           values.unsqueeze(0), attn_mask=mask, scale=scale,
+                                           enable_gqa=heads != kv_heads)
+        out[start : start + n] = o[0].transpose(0, 1)
+    return out
 
 
 class TorchFusedOps:
