@@ -14,10 +14,11 @@
 // sequence owns are left unwritten in the output (the caller's decode rows).
 //
 // Work is split over (sequence, kv head, 16-row chunk of queries); each item
-// widens the keys and values its rows can see into fp32 once, then per query
-// head and row computes 16 scores per vector (lane j: key j's dot product, by
-// interleave-and-add of 16 rows' partial sums), a softmax, and the weighted
-// sum of values in D / 16 registers. fp32 arithmetic throughout.
+// widens the keys and values its rows can see into fp32 once, the keys
+// transposed into blocks of 16 so that a row's 16 scores are one vector of
+// broadcast multiply-adds; four query rows at a time share every key block and
+// value row loaded, for each query head of the group: scores, a softmax per
+// row, and the weighted sums of values in registers. fp32 arithmetic throughout.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,26 +36,7 @@
 namespace {
 
 constexpr int64_t kRowChunk = 16;  // query rows per work item
-
-// Lane j: the sum of the 16 lanes of p[j].
-inline __m512 sum_rows16(const __m512* p) {
-  __m512 a[8], b[4], c[2];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [r0 r1 r0 r1] partial pairs
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]),
-                         _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: [r0 r1 r2 r3]
-    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  for (int i = 0; i < 2; ++i) {  // fold the four 128-bit lanes of two 4-row groups
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-  }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
-                       _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-}
+constexpr int64_t kRows = 4;       // query rows sharing each key and value load
 
 template <typename C, int D>
 void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -81,7 +63,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Ten
     first_item[s + 1] = first_item[s] + kv_heads * ((np[s] + kRowChunk - 1) / kRowChunk);
   }
   at::parallel_for(0, first_item[seqs], 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> keys, values, scores;
+    std::vector<float> keys_t, values, scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t s = std::upper_bound(first_item.begin(), first_item.end(), item) -
                         first_item.begin() - 1;
@@ -93,68 +75,92 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Ten
       // Keys the chunk's rows can see: [lo, hi).
       const int64_t hi = base + r1;
       const int64_t lo = window > 0 ? std::max<int64_t>(0, base + r0 - window + 1) : 0;
-      keys.resize((hi - lo) * D);
+      // Keys transposed into blocks of 16 ([block][d][16]): a query row's 16
+      // scores are then 64 broadcast multiply-adds into one vector, no
+      // reduction; values stay rows. Both widened to fp32 once per item.
+      const int64_t key_blocks = (hi - lo + 15) / 16;
+      keys_t.assign(key_blocks * D * 16, 0.f);
       values.resize((hi - lo) * D);
-      scores.resize(hi - lo + 16);
       const int32_t* table = tp + s * max_blocks;
       const C* kbase = kp + h * num_blocks * block_size * D;
       const C* vbase = vp + h * num_blocks * block_size * D;
       for (int64_t l = lo; l < hi;) {
         const int64_t off = l % block_size, rows = std::min(block_size - off, hi - l);
         const int64_t at = (static_cast<int64_t>(table[l / block_size]) * block_size + off) * D;
-        for (int64_t i = 0; i < rows * D; ++i) {
-          keys[(l - lo) * D + i] = static_cast<float>(kbase[at + i]);
-          values[(l - lo) * D + i] = static_cast<float>(vbase[at + i]);
+        for (int64_t j = 0; j < rows; ++j) {
+          const int64_t key = l - lo + j;
+          float* kt = keys_t.data() + (key / 16) * D * 16 + key % 16;
+          for (int64_t d = 0; d < D; ++d) kt[d * 16] = static_cast<float>(kbase[at + j * D + d]);
+          for (int64_t d = 0; d < D; ++d) {
+            values[key * D + d] = static_cast<float>(vbase[at + j * D + d]);
+          }
         }
         l += rows;
       }
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t pos = base + r;
-        const int64_t from = window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo;
-        const int64_t span = pos + 1 - from;
-        const float* kr = keys.data() + (from - lo) * D;
-        const float* vr = values.data() + (from - lo) * D;
+      // kRows query rows at a time share every key block and value row loaded.
+      for (int64_t ra = r0; ra < r1; ra += kRows) {
+        const int64_t rows = std::min(kRows, r1 - ra);
+        int64_t from[kRows], upto[kRows];  // each row's keys, [from, upto), relative to lo
+        for (int64_t i = 0; i < kRows; ++i) {
+          const int64_t pos = base + ra + std::min(i, rows - 1);
+          from[i] = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo;
+          upto[i] = pos + 1 - lo;
+        }
+        const int64_t kb0 = from[0] / 16, kb1 = (upto[rows - 1] + 15) / 16;
+        const int64_t width = (kb1 - kb0) * 16;  // scores per row, from key kb0 * 16
+        scores.resize(kRows * width);
         for (int64_t g = 0; g < group; ++g) {
-          const float* qrow = qp + (sp[s] + r) * q_stride + (h * group + g) * D;
-          __m512 qv[V];
-          const __m512 sc = _mm512_set1_ps(fscale);
-          for (int64_t c = 0; c < V; ++c) qv[c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), sc);
-          for (int64_t j0 = 0; j0 < span; j0 += 16) {
-            const int64_t m = std::min<int64_t>(16, span - j0);
-            __m512 part[16];
-            for (int64_t j = 0; j < 16; ++j) {
-              if (j >= m) {
-                part[j] = _mm512_setzero_ps();
-                continue;
+          const float* qrow[kRows];
+          for (int64_t i = 0; i < kRows; ++i) {
+            qrow[i] = qp + (sp[s] + ra + std::min(i, rows - 1)) * q_stride + (h * group + g) * D;
+          }
+          for (int64_t kb = kb0; kb < kb1; ++kb) {
+            const float* kt = keys_t.data() + kb * D * 16;
+            __m512 acc[kRows];
+            for (int64_t i = 0; i < kRows; ++i) acc[i] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; ++d) {
+              const __m512 k16 = _mm512_loadu_ps(kt + d * 16);
+              for (int64_t i = 0; i < kRows; ++i) {
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(qrow[i][d]), k16, acc[i]);
               }
-              const float* row = kr + (j0 + j) * D;
-              __m512 sum = _mm512_mul_ps(qv[0], _mm512_loadu_ps(row));
-              for (int64_t c = 1; c < V; ++c) {
-                sum = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(row + 16 * c), sum);
-              }
-              part[j] = sum;
             }
-            _mm512_mask_storeu_ps(scores.data() + j0, static_cast<__mmask16>((1u << m) - 1),
-                                  sum_rows16(part));
-          }
-          float mx = scores[0];
-          for (int64_t i = 1; i < span; ++i) mx = std::max(mx, scores[i]);
-          float total = 0.f;
-          for (int64_t i = 0; i < span; ++i) {
-            scores[i] = std::exp(scores[i] - mx);
-            total += scores[i];
-          }
-          const __m512 inv = _mm512_set1_ps(1.f / total);
-          __m512 acc[V];
-          for (int64_t c = 0; c < V; ++c) acc[c] = _mm512_setzero_ps();
-          for (int64_t i = 0; i < span; ++i) {
-            const __m512 p = _mm512_set1_ps(scores[i]);
-            for (int64_t c = 0; c < V; ++c) {
-              acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + i * D + 16 * c), acc[c]);
+            for (int64_t i = 0; i < kRows; ++i) {
+              _mm512_storeu_ps(scores.data() + i * width + (kb - kb0) * 16,
+                               _mm512_mul_ps(acc[i], _mm512_set1_ps(fscale)));
             }
           }
-          float* orow = op + ((sp[s] + r) * heads + h * group + g) * D;
-          for (int64_t c = 0; c < V; ++c) _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(acc[c], inv));
+          // Softmax over each row's own keys; the rest of its width weighs zero.
+          for (int64_t i = 0; i < rows; ++i) {
+            float* si = scores.data() + i * width - kb0 * 16;  // indexed by key - lo
+            float mx = si[from[i]];
+            for (int64_t key = from[i] + 1; key < upto[i]; ++key) mx = std::max(mx, si[key]);
+            float total = 0.f;
+            for (int64_t key = from[i]; key < upto[i]; ++key) {
+              si[key] = std::exp(si[key] - mx);
+              total += si[key];
+            }
+            const float inv = 1.f / total;
+            for (int64_t key = kb0 * 16; key < kb1 * 16; ++key) {
+              si[key] = key >= from[i] && key < upto[i] ? si[key] * inv : 0.f;
+            }
+          }
+          __m512 acc[kRows][V];
+          for (int64_t i = 0; i < kRows; ++i)
+            for (int64_t c = 0; c < V; ++c) acc[i][c] = _mm512_setzero_ps();
+          const int64_t k0 = std::max(kb0 * 16, from[0]), k1 = upto[rows - 1];
+          for (int64_t key = k0; key < k1; ++key) {
+            const float* vr = values.data() + key * D;
+            __m512 v[V];
+            for (int64_t c = 0; c < V; ++c) v[c] = _mm512_loadu_ps(vr + 16 * c);
+            for (int64_t i = 0; i < rows; ++i) {
+              const __m512 p = _mm512_set1_ps(scores[i * width + key - kb0 * 16]);
+              for (int64_t c = 0; c < V; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
+            }
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            float* orow = op + ((sp[s] + ra + i) * heads + h * group + g) * D;
+            for (int64_t c = 0; c < V; ++c) _mm512_storeu_ps(orow + 16 * c, acc[i][c]);
+          }
         }
       }
     }
