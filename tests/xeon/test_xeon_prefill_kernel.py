@@ -12,6 +12,8 @@ import torch
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import paged_prefill_reference
 
+from tests.xeon.test_xeon_fast_path import random_case
+
 
 @pytest.fixture
 def prefill():
@@ -22,24 +24,17 @@ def prefill():
 
 
 def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[int],
-          counts: list[int], block: int = 4, heads: int = 6, kv_heads: int = 2):
+          counts: list[int]):
     """Pools with each sequence's blocks scattered, q with a gap row between sequences."""
-    widths = [-(-n // block) for n in lens]
-    blocks = sum(widths) + 3
-    order = torch.randperm(blocks, generator=gen).tolist()
-    tables, used = [], 0
-    for w in widths:
-        tables.append(order[used : used + w] + [0] * (max(widths) - w))
-        used += w
+    seed = int(torch.randint(1 << 30, (1,), generator=gen))
+    _, k, v, tables, lens_t = random_case(pool_dtype, dim, 6, 2, lens, block=4, seed=seed)
     starts, row = [], 0
     for n in counts:
         starts.append(row)
         row += n + 1  # an unowned row after each sequence
-    k = torch.randn(kv_heads, blocks, block, dim, generator=gen).to(pool_dtype)
-    v = torch.randn(kv_heads, blocks, block, dim, generator=gen).to(pool_dtype)
-    q = torch.randn(row, heads, dim, generator=gen)
+    q = torch.randn(row, 6, dim, generator=gen)
     int32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
-    return q, k, v, int32(tables), int32(lens), int32(starts), int32(counts)
+    return q, k, v, tables, lens_t, int32(starts), int32(counts)
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
