@@ -9,15 +9,18 @@
 // vector holding, for each of the 16 features, its weights at k and k+1, the
 // operand order of vdpbf16ps. One panel is a single contiguous stream.
 //
-// Micro-kernel: up to 6 rows of x times two neighbouring panels (32 output
-// features), 12 zmm accumulators held across the whole K loop. Each k-pair of
-// a row (two bf16, 32 bits) is broadcast once and feeds one vdpbf16ps per
-// panel, so each step does 12 dot products (24 x 16 multiply-adds) for two
-// weight loads and six broadcasts. At one row it is a pure weight stream
-// (half the bytes of fp32), prefetched 4 KB ahead as panel_gemm.cpp does; at
-// dozens of rows the two panels stay in L2 while the row tiles pass over them.
-// Against panel_gemm.cpp's fp32 math on the same bf16 weights this doubles the
-// multiply-adds per instruction, which is what bounds batched decoding.
+// Micro-kernel: up to 6 rows of x times up to four neighbouring panels (64
+// output features), 24 zmm accumulators held across the whole K loop. Each
+// k-pair of a row (two bf16, 32 bits) is broadcast once and feeds one
+// vdpbf16ps per panel, so each step does 24 dot products (48 x 16
+// multiply-adds) for four weight loads and six broadcasts. At one row it is a
+// pure weight stream (half the bytes of fp32), prefetched 4 KB ahead as
+// panel_gemm.cpp does; at dozens of rows the panels stay in L2 while the row
+// tiles pass over them. Four panels rather than two measured 2-6% faster over
+// the 135M shape's decode-step sweep at 1-1,024 rows (Zen 4,
+// benchmarks/cpu_path/linear_sweep.py). Against panel_gemm.cpp's fp32 math on
+// the same bf16 weights this doubles the multiply-adds per instruction, which
+// is what bounds batched decoding.
 //
 // int8 weights (weight-only quantization, `--quantize int8`): the same layout
 // with one byte per weight, [N/16, K/2 + 2, 16, 2] int8, where the two extra
@@ -25,7 +28,7 @@
 // [-127, 127] are exact in bf16, so the kernel widens each step to bf16 and
 // runs the bf16 micro-kernel: y = scale * sum(bf16(x) * q). At a few rows it
 // widens in registers and reads half the bytes of bf16 (batch-1 decoding is a
-// weight stream); past kWidenInRegisters rows it widens a pair of panels once
+// weight stream); past kWidenInRegisters rows it widens a group of panels once
 // into a per-thread bf16 buffer that every row tile then reads, so large
 // batches pay the conversion once per weight, not once per row tile.
 
@@ -46,6 +49,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;        // output features per panel
 constexpr int64_t kRows = 6;          // rows of x per micro-kernel call
+constexpr int64_t kGroup = 4;         // panels per micro-kernel call: 6 x 4 accumulators
 constexpr int64_t kChunk = 512;       // rows per pass over the weights
 constexpr int64_t kPrefetchBytes = 4096;
 // int8 weights: up to this many rows widen in registers (each row tile widens
@@ -139,78 +143,67 @@ void rows_as_pairs(const float* x, int64_t M, int64_t K, int64_t pairs, uint32_t
   });
 }
 
-// y[r, n0 : n0 + 16 * P] for R rows (R <= kRows) and P panels (1 or 2) starting at
-// `panel`, stored straight from the accumulators where the features are whole.
-// W is the weight type: bf16, or int8 (widened step by step; `stride` counts
-// the scale steps). `scale0`/`scale1` (int8 weights) multiply each panel's sums.
+// y[r, n0 : n0 + 16 * P] for R rows (R <= kRows) and P panels (P <= kGroup)
+// starting at `panel`, `stride` apart, stored straight from the accumulators
+// where the features are whole. W is the weight type: bf16, or int8 (widened
+// step by step). With `scales` (int8 weights), panel p's sums are multiplied
+// by the 16 floats at scales + p * scale_stride.
 template <int R, int P, typename W>
 inline void micro(const uint32_t* x, int64_t pairs, const W* panel, int64_t stride,
-                  const float* scale0, const float* scale1, const float* bias, float* y,
+                  const float* scales, int64_t scale_stride, const float* bias, float* y,
                   int64_t N, int64_t n0) {
   constexpr bool kInt8 = std::is_same_v<W, int8_t>;
-  __m512 a0 = _mm512_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
-  __m512 a3 = a0, b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
   constexpr int64_t ahead = kPrefetchBytes / (kStep * sizeof(W));
-  const W* p0 = panel;
-  const W* p1 = panel + stride;
-#define SY_ROW(i)                                                                       \
-  if constexpr (R > i) {                                                                \
-    const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * pairs + k])); \
-    a##i = _mm512_dpbf16_ps(a##i, w0, v);                                               \
-    if constexpr (P > 1) b##i = _mm512_dpbf16_ps(b##i, w1, v);                          \
+  __m512 acc[R][P];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < pairs; ++k) {
-    _mm_prefetch(reinterpret_cast<const char*>(p0 + (k + ahead) * kStep), _MM_HINT_T0);
-    __m512bh w0, w1;
-    if constexpr (kInt8) {
-      w0 = widen_step(p0 + k * kStep);
-    } else {
-      w0 = (__m512bh)_mm512_loadu_si512(p0 + k * kStep);
-    }
-    if constexpr (P > 1) {
-      _mm_prefetch(reinterpret_cast<const char*>(p1 + (k + ahead) * kStep), _MM_HINT_T0);
+    __m512bh w[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const W* step = panel + p * stride + k * kStep;
+      _mm_prefetch(reinterpret_cast<const char*>(step + ahead * kStep), _MM_HINT_T0);
       if constexpr (kInt8) {
-        w1 = widen_step(p1 + k * kStep);
+        w[p] = widen_step(step);
       } else {
-        w1 = (__m512bh)_mm512_loadu_si512(p1 + k * kStep);
+        w[p] = (__m512bh)_mm512_loadu_si512(step);
       }
     }
-    SY_ROW(0) SY_ROW(1) SY_ROW(2) SY_ROW(3) SY_ROW(4) SY_ROW(5)
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * pairs + k]));
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[i][p] = _mm512_dpbf16_ps(acc[i][p], w[p], v);
+    }
   }
-#undef SY_ROW
-  // Features past N (the ragged last panel) are masked off on store.
-  const int64_t left0 = std::min(kPanel, N - n0);
-  const int64_t left1 = P > 1 ? std::min(kPanel, N - n0 - kPanel) : 0;
-  const __mmask16 m0 = left0 >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << left0) - 1);
-  const __mmask16 m1 = left1 >= kPanel ? __mmask16(0xFFFF)
-                                       : __mmask16(left1 > 0 ? (1u << left1) - 1 : 0);
-  __m512 c0 = _mm512_setzero_ps(), c1 = c0;
-  if (bias) {
-    c0 = _mm512_maskz_loadu_ps(m0, bias + n0);
-    if constexpr (P > 1) c1 = _mm512_maskz_loadu_ps(m1, bias + n0 + kPanel);
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    // Features past N (the ragged last panel) are masked off on store.
+    const int64_t left = std::min(kPanel, N - n0 - p * kPanel);
+    const __mmask16 m = left >= kPanel ? __mmask16(0xFFFF)
+                                       : __mmask16(left > 0 ? (1u << left) - 1 : 0);
+    const __m512 c = bias ? _mm512_maskz_loadu_ps(m, bias + n0 + p * kPanel) : _mm512_setzero_ps();
+    const __m512 sc = scales ? _mm512_loadu_ps(scales + p * scale_stride) : _mm512_set1_ps(1.0f);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      _mm512_mask_storeu_ps(y + i * N + n0 + p * kPanel, m, _mm512_fmadd_ps(acc[i][p], sc, c));
+    }
   }
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 s0 = scale0 ? _mm512_loadu_ps(scale0) : one;
-  const __m512 s1 = P > 1 && scale1 ? _mm512_loadu_ps(scale1) : one;
-#define SY_STORE(i)                                                                         \
-  if constexpr (R > i) {                                                                    \
-    _mm512_mask_storeu_ps(y + i * N + n0, m0, _mm512_fmadd_ps(a##i, s0, c0));               \
-    if constexpr (P > 1)                                                                    \
-      _mm512_mask_storeu_ps(y + i * N + n0 + kPanel, m1, _mm512_fmadd_ps(b##i, s1, c1));    \
-  }
-  SY_STORE(0) SY_STORE(1) SY_STORE(2) SY_STORE(3) SY_STORE(4) SY_STORE(5)
-#undef SY_STORE
 }
 
 // Every row tile of rows [0, rows) times P panels from `panel` (output features n0..).
 template <int P, typename W>
-void tiles(const uint32_t* x, const W* panel, int64_t stride, const float* scale0,
-           const float* scale1, const float* bias, float* y, int64_t rows, int64_t N,
+void tiles(const uint32_t* x, const W* panel, int64_t stride, const float* scales,
+           int64_t scale_stride, const float* bias, float* y, int64_t rows, int64_t N,
            int64_t pairs, int64_t n0) {
   for (int64_t r = 0; r < rows; r += kRows) {
     const uint32_t* xr = x + r * pairs;
     float* yr = y + r * N;
-#define SY_TILE(R) micro<R, P, W>(xr, pairs, panel, stride, scale0, scale1, bias, yr, N, n0)
+#define SY_TILE(R) \
+  micro<R, P, W>(xr, pairs, panel, stride, scales, scale_stride, bias, yr, N, n0)
     switch (std::min(kRows, rows - r)) {
       case 1: SY_TILE(1); break;
       case 2: SY_TILE(2); break;
@@ -229,14 +222,13 @@ template <int P, typename W>
 void panel_rows(const uint32_t* x, const W* panel, const float* bias, float* y, int64_t rows,
                 int64_t N, int64_t pairs, int64_t n0) {
   if constexpr (std::is_same_v<W, bf16>) {
-    tiles<P>(x, panel, pairs * kStep, nullptr, nullptr, bias, y, rows, N, pairs, n0);
+    tiles<P>(x, panel, pairs * kStep, nullptr, 0, bias, y, rows, N, pairs, n0);
   } else {
     const int64_t stride = (pairs + kScaleSteps) * kStep;
-    const float* scale0 = reinterpret_cast<const float*>(panel + pairs * kStep);
-    const float* scale1 = P > 1 ? reinterpret_cast<const float*>(panel + stride + pairs * kStep)
-                                : nullptr;
+    const float* scales = reinterpret_cast<const float*>(panel + pairs * kStep);
+    const int64_t scale_stride = stride / static_cast<int64_t>(sizeof(float));
     if (rows <= kWidenInRegisters) {
-      tiles<P>(x, panel, stride, scale0, scale1, bias, y, rows, N, pairs, n0);
+      tiles<P>(x, panel, stride, scales, scale_stride, bias, y, rows, N, pairs, n0);
       return;
     }
     static thread_local std::vector<bf16> widened;
@@ -247,7 +239,8 @@ void panel_rows(const uint32_t* x, const W* panel, const float* bias, float* y, 
                             (__m512i)widen_step(panel + p * stride + k * kStep));
       }
     }
-    tiles<P>(x, widened.data(), pairs * kStep, scale0, scale1, bias, y, rows, N, pairs, n0);
+    tiles<P>(x, widened.data(), pairs * kStep, scales, scale_stride, bias, y, rows, N, pairs,
+             n0);
   }
 }
 
@@ -267,20 +260,21 @@ namespace {
 template <typename W>
 void run_dot(const uint32_t* xp, const W* wp, const float* bias, float* yp, int64_t M, int64_t N,
              int64_t pairs, int64_t panels, int64_t stride) {
-  const int64_t duos = (panels + 1) / 2;
+  const int64_t groups = (panels + kGroup - 1) / kGroup;
   for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
     const int64_t rows = std::min(kChunk, M - m0);
-    // Threads split pairs of panels; an odd last panel runs alone.
-    at::parallel_for(0, duos, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t d = begin; d < end; ++d) {
-        const int64_t p = 2 * d;
+    // Threads split groups of kGroup panels; the last group may be short.
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t p = g * kGroup;
         const W* panel = wp + p * stride;
         const uint32_t* xr = xp + m0 * pairs;
         float* yr = yp + m0 * N;
-        if (p + 1 < panels) {
-          panel_rows<2>(xr, panel, bias, yr, rows, N, pairs, p * kPanel);
-        } else {
-          panel_rows<1>(xr, panel, bias, yr, rows, N, pairs, p * kPanel);
+        switch (std::min(kGroup, panels - p)) {
+          case 1: panel_rows<1>(xr, panel, bias, yr, rows, N, pairs, p * kPanel); break;
+          case 2: panel_rows<2>(xr, panel, bias, yr, rows, N, pairs, p * kPanel); break;
+          case 3: panel_rows<3>(xr, panel, bias, yr, rows, N, pairs, p * kPanel); break;
+          default: panel_rows<4>(xr, panel, bias, yr, rows, N, pairs, p * kPanel);
         }
       }
     });
