@@ -33,8 +33,8 @@ def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[in
         starts.append(row)
         row += n + 1  # an unowned row after each sequence
     q = torch.randn(row, 6, dim, generator=gen)
-    int32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
-    return q, k, v, tables, lens_t, int32(starts), int32(counts)
+    return (q, k, v, tables, lens_t, torch.tensor(starts, dtype=torch.int32),
+            torch.tensor(counts, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])

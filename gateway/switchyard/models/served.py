@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from switchyard.errors import overloaded_error
 from switchyard.settings import TokenLimits
@@ -76,9 +77,9 @@ class _Mailbox:
     within the VM's drift.
     """
 
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]] = (
         weakref.WeakKeyDictionary())
-    _create = threading.Lock()
+    _create: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
