@@ -70,3 +70,11 @@ def test_prefill_kernel_rejects_bad_inputs(prefill):
                 counts, 0.1, 0)
     with pytest.raises(RuntimeError, match="does not fit"):  # a context longer than its table
         prefill(q, k, v, tables, torch.tensor([8, 40], dtype=torch.int32), starts, counts, 0.1, 0)
+
+
+def test_the_engine_takes_the_kernel_only_for_head_sizes_it_has(make_engine, caplog):
+    """The default model's heads are 32 wide: its prefill stays on SDPA, said at start-up."""
+    with caplog.at_level("INFO", logger="switchyard.xeon"):
+        engine = make_engine()
+    assert engine._runner.prefill_kernel is None
+    assert "prefill attention: SDPA per sequence" in caplog.text

@@ -61,7 +61,8 @@ class PrefillRows:
 
 
 PREFILL_HEAD_DIMS = (64, 128)
-"""Head sizes the native prefill kernel is built for; others take SDPA."""
+"""Head sizes the native prefill kernel is built for (fp32 queries only): the
+engine hands the runner that kernel only for such models; others take SDPA."""
 
 
 @dataclass
@@ -87,7 +88,7 @@ class StepMetadata:
     offsets: list[int]
     decode: DecodeRows | None = None
     prefill: PrefillRows | None = None
-    """Set when the native prefill kernel exists: the lists' sequences, as it takes them."""
+    """Set when the engine runs the native prefill kernel: the lists' sequences, as it takes them."""
 
 
 def register() -> str:
@@ -153,7 +154,7 @@ def attend_packed(
         o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
                        scale, window)
     pre = step.prefill
-    if pre is not None and q.dtype == torch.float32 and q.shape[-1] in PREFILL_HEAD_DIMS:
+    if pre is not None:
         # Every other sequence in one call over the cache, which holds their new keys too.
         window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5

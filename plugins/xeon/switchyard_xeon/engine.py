@@ -255,8 +255,11 @@ class XeonEngine(Engine):
             limits.waiting_served_ratio, limits.max_waiting_tokens,
         )
         self.info = loaded.info
-        # The prefill kernel comes with the decode one (attention=sdpa turns both off).
-        prefill = load_kernels().prefill if kernel is not None else None
+        # The prefill kernel comes with the decode one (attention=sdpa turns both off),
+        # for fp32 activations (the fp32 and bf16-matmul modes) of the head sizes it has.
+        prefill = load_kernels().prefill if (
+            kernel is not None and dtype == torch.float32
+            and shape.head_dim in attention.PREFILL_HEAD_DIMS) else None
         logger.info("prefill attention: %s", "native paged kernel (C++)" if prefill is not None
                     else "SDPA per sequence")
         self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
