@@ -107,7 +107,7 @@ def main() -> None:
         return
     # Each variant runs in a process of its own, one round at a time: two engines in one
     # process are two compute threads with an OpenMP pool each, and libgomp then makes
-    # both pools sleep between parallel regions (benchmarks/cpu_path/omp_pools.py).
+    # both pools sleep between parallel regions (benchmarks/kernels/omp_pools.py).
     best: dict[tuple[str, int], dict[str, float]] = {}
     for r in range(args.rounds):
         for text in args.variant:

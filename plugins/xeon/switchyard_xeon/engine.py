@@ -149,7 +149,7 @@ class XeonEngine(Engine):
         sleep between regions instead of spinning. One pool measured
         9.6-10.7 ms for a batch-1 decode step's matmuls against 14.8-15.7
         with two (135M shape, 2 cores, bf16 dot panels;
-        ``benchmarks/cpu_path/omp_pools.py``).
+        ``benchmarks/kernels/omp_pools.py``).
         """
         if self.config.quantize and self.config.quantize not in quantization.METHODS:
             raise EngineStartError(

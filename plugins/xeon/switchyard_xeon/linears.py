@@ -13,7 +13,7 @@ weights that hold only bf16 values as bf16):
   instead of 17; in fp32 on a 2-core AMD EPYC (AVX2), where MKL's sgemm runs
   far below the cores' FMA peak, a sweep takes 41 ms instead of 54 at one row,
   59 instead of 107 at 8 and 98 instead of 171 at 32
-  (``benchmarks/cpu_path/linear_sweep.py``). bf16 packing needs AVX-512 or
+  (``benchmarks/kernels/linear_sweep.py``). bf16 packing needs AVX-512 or
   AVX-NE-CONVERT;
 - projections that read the same input, ``q_proj``/``k_proj``/``v_proj`` and
   ``gate_proj``/``up_proj`` in Llama, Mistral, Qwen2 and kin, run as one
@@ -55,7 +55,7 @@ class PackedLinear(torch.nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         # No batch-size hint: oneDNN's default layout measured as fast as one
-        # tuned for 64 rows at 1 to 64 rows (benchmarks/cpu_path/linear_sweep.py).
+        # tuned for 64 rows at 1 to 64 rows (benchmarks/kernels/linear_sweep.py).
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().clone(),

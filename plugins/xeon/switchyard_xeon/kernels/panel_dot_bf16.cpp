@@ -18,7 +18,7 @@
 // panel_gemm.cpp does; at dozens of rows the panels stay in L2 while the row
 // tiles pass over them. Four panels rather than two measured 2-6% faster over
 // the 135M shape's decode-step sweep at 1-1,024 rows (Zen 4,
-// benchmarks/cpu_path/linear_sweep.py). Against panel_gemm.cpp's fp32 math on
+// benchmarks/kernels/linear_sweep.py). Against panel_gemm.cpp's fp32 math on
 // the same bf16 weights this doubles the multiply-adds per instruction, which
 // is what bounds batched decoding.
 //

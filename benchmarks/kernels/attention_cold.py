@@ -1,6 +1,6 @@
 """The paged decode-attention kernel as a decode step meets it: every layer's cache cold.
 
-    .venv/bin/python benchmarks/cpu_path/attention_cold.py [--order scattered|in-order]
+    .venv/bin/python benchmarks/kernels/attention_cold.py [--order scattered|in-order]
 
 One bf16 pool per layer (30 layers of the 135M shape: 9 query / 3 KV heads
 of 64 dims, blocks of 16 tokens), 32 sequences of 192 cached tokens. "cold"

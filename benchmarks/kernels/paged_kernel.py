@@ -1,6 +1,6 @@
 """Time the engine's paged decode-attention kernel on one layer of the 135M shape.
 
-    .venv/bin/python benchmarks/cpu_path/paged_kernel.py
+    .venv/bin/python benchmarks/kernels/paged_kernel.py
 
 Rows of 9 query / 3 KV heads of 64 dims, fp32, blocks of 16 tokens scattered
 over a 4,096-block pool (as a busy cache leaves them), uniform and ragged

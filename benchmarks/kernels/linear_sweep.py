@@ -6,7 +6,7 @@ of M sequences does, and prints ms per sweep and GFLOP/s for each way of
 running it. Rounds interleave the variants, and the table keeps each one's
 best round, so a machine that gets busier mid-run skews all of them alike.
 
-    .venv/bin/python benchmarks/cpu_path/linear_sweep.py --dtype float32 --rows 1 8 32 64
+    .venv/bin/python benchmarks/kernels/linear_sweep.py --dtype float32 --rows 1 8 32 64
 
 ``packed:HINT`` reorders the weights once for a batch-size hint of HINT rows
 (``none``: oneDNN's default); it is what ``switchyard_xeon.linears`` does at load.

@@ -1,6 +1,6 @@
 """This CPU's bf16 dot-product peak, and what it allows a 32-stream wave at most.
 
-    .venv/bin/python benchmarks/cpu_path/bf16_peak.py
+    .venv/bin/python benchmarks/kernels/bf16_peak.py
 
 Runs ``vdpbf16ps`` (AVX512_BF16) on registers only, twelve independent
 accumulators per thread, on 1 thread and on every core: GFLOP/s with no

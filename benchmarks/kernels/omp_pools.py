@@ -12,7 +12,7 @@ Each mode runs in a fresh process (a pool cannot be taken back):
 - ``one``: weights packed and swept on one thread (the engine since this change);
 - ``two``: weights packed on the main thread, swept on a second thread (before it).
 
-    .venv/bin/python benchmarks/cpu_path/omp_pools.py --rounds 3
+    .venv/bin/python benchmarks/kernels/omp_pools.py --rounds 3
 
 The sweep is every linear of the 135M shape at one row (a batch-1 decode
 step's matmuls), on the bf16 dot-product panels where the CPU has AVX512_BF16
