@@ -22,6 +22,7 @@ from switchyard.models.served import ServedModel
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
 from switchyard.routes import openai, ops, sagemaker, tgi
+from switchyard.routes.errors import routing_exception_handlers
 from switchyard.settings import ServeSettings
 from switchyard.state import Gateway
 from switchyard.telemetry import Telemetry, Tracing
@@ -69,6 +70,8 @@ def create_app(
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False),
                       "telemetry": Provide(lambda: telemetry, sync_to_thread=False)},
         middleware=telemetry.middleware(),
+        # Unknown paths and wrong methods: in the format of the API the path belongs to.
+        exception_handlers=routing_exception_handlers(),
         lifespan=[lifespan],
         # Logging is configured once, by the CLI (`telemetry.logs`); Litestar's own
         # configuration would replace its format.

@@ -183,9 +183,12 @@ def openapi(output: str | None) -> None:
 
     `switchyard openapi -o spec/openapi.json` regenerates the checked-in copy.
     """
+    from switchyard.app import create_app
     from switchyard.openapi import render_document
+    from switchyard.settings import ServeSettings
 
-    text = render_document()
+    # Default settings: building the app loads no model (that happens when it starts).
+    text = render_document(create_app(ServeSettings()))
     if output is None:
         click.echo(text, nl=False)
     else:

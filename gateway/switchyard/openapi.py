@@ -289,16 +289,12 @@ def document(app: Litestar) -> dict[str, Any]:
     return app.openapi_schema.to_schema()
 
 
-def render_document(app: Litestar | None = None) -> str:
+def render_document(app: Litestar) -> str:
     """The document as the checked-in `spec/openapi.json` holds it: sorted keys, indented.
 
-    Without `app`, the gateway's app with default settings (no model is loaded).
+    The app is the caller's to build (`switchyard openapi` builds one with default
+    settings): this module sits below `switchyard.app`, whose routes use it.
     """
-    if app is None:
-        from switchyard.app import create_app
-        from switchyard.settings import ServeSettings
-
-        app = create_app(ServeSettings())
     return json.dumps(document(app), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 

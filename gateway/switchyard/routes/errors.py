@@ -5,6 +5,10 @@ TGI routes answer `{"error", "error_type"}`; OpenAI routes answer
 (malformed JSON, wrong types) and an over-large body are caught here too, so a
 client never sees Litestar's own format on an API route. A missing API key is
 the exception: TGI answers it with a bare 401, and so do we.
+
+A request that matches no route (an unknown path, or a method the path does
+not serve) never reaches a router, so the app answers it (`routing_exception_handlers`):
+in OpenAI's format under `/v1/`, in TGI's elsewhere, with OpenAI's messages.
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 from switchyard.errors import ApiError
@@ -29,6 +38,11 @@ log = logging.getLogger("switchyard.http")
 Handler = Callable[[Request[Any, Any, Any], Exception], Response[Any]]
 
 PAYLOAD_TOO_LARGE = "payload_too_large"
+NOT_FOUND = "not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+INVALID_REQUEST = frozenset({"validation", PAYLOAD_TOO_LARGE, NOT_FOUND, METHOD_NOT_ALLOWED})
+"""TGI's error types of what OpenAI calls an `invalid_request_error`."""
+OPENAI_PREFIX = "/v1/"
 
 
 def _payload_too_large(request: Request[Any, Any, Any] | None) -> ApiError:
@@ -76,6 +90,12 @@ def _as_api_error(exc: Exception, request: Request[Any, Any, Any] | None) -> Api
             f"Input validation error: {detail}",
             "validation",
         )
+    if isinstance(exc, NotFoundException) and request is not None:
+        # OpenAI's words for a path it does not serve.
+        return ApiError(404, f"Invalid URL ({request.method} {request.url.path})", NOT_FOUND)
+    if isinstance(exc, MethodNotAllowedException) and request is not None:
+        return ApiError(405, f"Invalid method for URL ({request.method} {request.url.path})",
+                        METHOD_NOT_ALLOWED)
     if isinstance(exc, HTTPException):
         if exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
             return _payload_too_large(request)
@@ -90,6 +110,11 @@ def _unauthorized() -> Response[bytes]:
     return Response(b"", status_code=401)
 
 
+def _headers(exc: Exception) -> dict[str, str] | None:
+    # Litestar's exceptions carry the headers their status needs (a 405's `Allow`).
+    return exc.headers if isinstance(exc, HTTPException) else None
+
+
 def tgi_error_response(
     exc: Exception, request: Request[Any, Any, Any] | None = None
 ) -> Response[Any]:
@@ -98,14 +123,11 @@ def tgi_error_response(
         return _unauthorized()
     err = as_api_error(exc, request)
     return Response(tgi.ErrorResponse(error=err.message, error_type=err.error_type),
-                    status_code=err.status)
+                    status_code=err.status, headers=_headers(exc))
 
 
 def _openai_detail(err: ApiError) -> oai.ErrorResponse:
-    # TGI's "validation" is OpenAI's "invalid_request_error"; so is an over-large body.
-    kind = err.error_type
-    if kind in ("validation", PAYLOAD_TOO_LARGE):
-        kind = "invalid_request_error"
+    kind = "invalid_request_error" if err.error_type in INVALID_REQUEST else err.error_type
     return oai.ErrorResponse(
         error=oai.ErrorDetail(message=err.message, type=kind, param=err.param, code=err.code)
     )
@@ -118,7 +140,7 @@ def openai_error_response(
     if isinstance(exc, MissingApiKey):
         return _unauthorized()
     err = as_api_error(exc, request)
-    return Response(_openai_detail(err), status_code=err.status)
+    return Response(_openai_detail(err), status_code=err.status, headers=_headers(exc))
 
 
 def tgi_exception_handlers() -> dict[type[Exception], Handler]:
@@ -129,6 +151,28 @@ def tgi_exception_handlers() -> dict[type[Exception], Handler]:
 def openai_exception_handlers() -> dict[type[Exception], Handler]:
     """Exception handlers for OpenAI routes."""
     return {Exception: lambda request, exc: openai_error_response(exc, request)}
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether `path` belongs to the OpenAI API (`/v1` and below)."""
+    return path == OPENAI_PREFIX.rstrip("/") or path.startswith(OPENAI_PREFIX)
+
+
+def routing_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """A request no route matched, answered in the format of the API its path belongs to."""
+    if is_openai_path(request.url.path):
+        return openai_error_response(exc, request)
+    return tgi_error_response(exc, request)
+
+
+def routing_exception_handlers() -> dict[type[Exception], Handler]:
+    """The app's handlers for requests that match no route: unknown paths, wrong methods.
+
+    Routers' handlers take precedence for everything raised inside a route; these
+    two exceptions are raised while routing, before any router is chosen.
+    """
+    return {NotFoundException: routing_error_response,
+            MethodNotAllowedException: routing_error_response}
 
 
 def openai_error_json(err: ApiError) -> bytes:

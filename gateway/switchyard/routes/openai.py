@@ -11,6 +11,7 @@ assembles the router.
 from __future__ import annotations
 
 from litestar import Router, get
+from litestar.di import NamedDependency
 
 from switchyard.protocol import openai as oai
 from switchyard.routes.errors import openai_exception_handlers
@@ -20,7 +21,7 @@ from switchyard.state import Gateway
 
 
 @get("/v1/models", summary="Served models", tags=["OpenAI"])
-async def list_models(gw: Gateway) -> oai.ModelList:
+async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
     """The names clients may put in `model`."""
     return oai.ModelList(
         data=[oai.ModelCard(id=m.name, created=0, owned_by=m.model_id.split("/")[0])

@@ -13,6 +13,8 @@ from contextlib import aclosing
 
 import msgspec
 from litestar import Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from switchyard import openapi
@@ -151,7 +153,7 @@ async def _chat_stream(
 @post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],
       guards=[require_api_key], **openapi.CHAT_COMPLETIONS)
 async def chat_completions(
-    gw: Gateway, data: oai.ChatCompletionRequest
+    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest]
 ) -> Response[oai.ChatCompletion] | ServerSentEvent:
     """Answer a chat conversation, as one JSON body or as server-sent chunks."""
     return await chat_response(gw, data)

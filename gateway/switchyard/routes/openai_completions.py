@@ -14,6 +14,8 @@ from contextlib import aclosing
 
 import msgspec
 from litestar import Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from switchyard import openapi
@@ -169,7 +171,7 @@ async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator
 @post("/v1/completions", status_code=200, summary="OpenAI completions", tags=["OpenAI"],
       guards=[require_api_key], **openapi.COMPLETIONS)
 async def completions(
-    gw: Gateway, data: oai.CompletionRequest
+    gw: NamedDependency[Gateway], data: JSONBody[oai.CompletionRequest]
 ) -> Response[oai.Completion] | ServerSentEvent:
     """Complete one prompt or a list of prompts, `n` choices each."""
     return await completion_response(gw, data)

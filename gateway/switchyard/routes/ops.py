@@ -4,6 +4,7 @@ and Prometheus metrics (`/metrics`)."""
 from __future__ import annotations
 
 from litestar import Response, Router, get
+from litestar.di import NamedDependency
 
 from switchyard import __version__, openapi
 from switchyard.protocol import tgi
@@ -17,7 +18,7 @@ _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"],
      **openapi.HEALTH)
-async def health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
+async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | bytes]:
     """200 once every model is loaded and warmed up and can generate; 503 otherwise.
 
     A model whose last generation failed is probed with a real 1-token
@@ -38,7 +39,7 @@ async def live() -> Response[bytes]:
 
 
 @get("/info", summary="Model and server info", tags=["Text Generation Inference"])
-async def info(gw: Gateway) -> tgi.Info:
+async def info(gw: NamedDependency[Gateway]) -> tgi.Info:
     """TGI's `/info`: the served model and the server's limits."""
     s = gw.settings
     model = gw.registry.default
@@ -62,7 +63,7 @@ async def info(gw: Gateway) -> tgi.Info:
 
 @get("/metrics", summary="Prometheus metrics scrape endpoint", tags=["Text Generation Inference"],
      operation_id="metrics", response_description="Prometheus Metrics", media_type="text/plain")
-async def metrics(telemetry: Telemetry) -> Response[str]:
+async def metrics(telemetry: NamedDependency[Telemetry]) -> Response[str]:
     """TGI's metrics (names, types, labels, buckets) in Prometheus' text format."""
     return Response(telemetry.metrics.exposition().decode(), media_type=CONTENT_TYPE)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, Router, post
+from litestar.di import NamedDependency
 from litestar.response import ServerSentEvent
 
 from switchyard import openapi
@@ -44,7 +45,7 @@ class _Shape(msgspec.Struct):
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.INVOCATIONS)
 async def invocations(
-    gw: Gateway, request: Request[Any, Any, Any]
+    gw: NamedDependency[Gateway], request: Request[Any, Any, Any]
 ) -> Response[Any] | ServerSentEvent:
     """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
     body = await request.body()

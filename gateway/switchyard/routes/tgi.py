@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from litestar import Response, Router, get, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from switchyard import openapi
@@ -247,7 +249,9 @@ async def compat_response(
 
 @post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.GENERATE)
-async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi.GenerateResponse]:
+async def generate_route(
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
     body, headers = await run_generate(gw, data)
     return Response(body, headers=headers, status_code=200)
@@ -255,7 +259,9 @@ async def generate_route(gw: Gateway, data: tgi.GenerateRequest) -> Response[tgi
 
 @post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.GENERATE_STREAM)
-async def generate_stream_route(gw: Gateway, data: tgi.GenerateRequest) -> ServerSentEvent:
+async def generate_stream_route(
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
     return sse(stream_events(gw, data), len(data.inputs))
 
@@ -263,7 +269,7 @@ async def generate_stream_route(gw: Gateway, data: tgi.GenerateRequest) -> Serve
 @post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.COMPAT)
 async def compat_route(
-    gw: Gateway, data: tgi.CompatGenerateRequest
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.CompatGenerateRequest]
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility route: a JSON array, or a stream when `stream` is true."""
     return await compat_response(gw, data)
@@ -271,14 +277,16 @@ async def compat_route(
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],
      include_in_schema=False)
-async def root_health(gw: Gateway) -> Response[tgi.ErrorResponse | bytes]:
+async def root_health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | bytes]:
     """TGI answers a GET on `/` like `/health`."""
     return await health.fn(gw)
 
 
 @post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.TOKENIZE)
-async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.SimpleToken]:
+async def tokenize_route(
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+) -> list[tgi.SimpleToken]:
     """Tokenize `inputs` as the model sees them, with offsets into the text."""
     model = gw.model()
     if not data.inputs:
@@ -292,7 +300,7 @@ async def tokenize_route(gw: Gateway, data: tgi.GenerateRequest) -> list[tgi.Sim
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.CHAT_TOKENIZE)
 async def chat_tokenize_route(
-    gw: Gateway, data: oai.ChatCompletionRequest
+    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest]
 ) -> tgi.ChatTokenizeResponse:
     """Render the chat template for `messages` and tokenize the result as chat requests are."""
     model = gw.model(data.model)
