@@ -5,7 +5,7 @@ Run with Switchyard's venv from the repository root:
     .venv/bin/python benchmarks/compare_peers.py --shapes small,medium --streams 1,8,32,64
 
 For each shape (random-weight models of real shapes, built by
-shared/tools/make_model.py when missing) and each peer it sends waves of N
+benchmarks/make_model.py when missing) and each peer it sends waves of N
 concurrent greedy requests of `--prompt-tokens` prompt tokens and exactly
 `--new-tokens` new tokens (EOS ignored), and reports output tokens/s, TTFT and
 ITL (p50/p90). It also measures memory read bandwidth and sets batch-1 decode
@@ -41,7 +41,7 @@ except ImportError as exc:
 HERE = Path(__file__).resolve().parent
 PEERS = ("switchyard", "switchyard-int8", "switchyard-engine", "hf-generate",
          "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16")
-MAKE_MODEL = HERE.parent.parent / "shared" / "tools" / "make_model.py"
+MAKE_MODEL = HERE / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
 QUICK = {"shapes": "small", "streams": "1,2", "prompt_tokens": 16, "new_tokens": 8,
          "bandwidth_mib": 256, "peer_timeout": 900.0}

@@ -5,7 +5,7 @@
 Runs ``vdpbf16ps`` (AVX512_BF16) on registers only, twelve independent
 accumulators per thread, on 1 thread and on every core: GFLOP/s with no
 memory in the way, the ceiling of any bf16 matmul here. Then the arithmetic
-of the issue's 32-stream benchmark on the 135M shape (32 prompts of 128
+of the 32-stream benchmark (docs/benchmarks.md) on the 135M shape (32 prompts of 128
 tokens, 128 new tokens each): the linear FLOPs of the wave, the shortest time
 they can take at that peak, and what a median time to first token under 1 s
 asks for (16 of the 32 prompts prefilled within it).

@@ -9,8 +9,8 @@ why ``XeonEngine`` loads the model on its compute thread.
 
 Each mode runs in a fresh process (a pool cannot be taken back):
 
-- ``one``: weights packed and swept on one thread (the engine since this change);
-- ``two``: weights packed on the main thread, swept on a second thread (before it).
+- ``one``: weights packed and swept on one thread (what the engine does);
+- ``two``: weights packed on the main thread, swept on a second thread.
 
     .venv/bin/python benchmarks/kernels/omp_pools.py --rounds 3
 

@@ -1,14 +1,11 @@
-"""Every hook and public contract type is documented, in code and in the plugin author's guide."""
+"""Every hook and public contract type has a docstring (tests/test_docs.py checks the plugin guide)."""
 
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import switchyard_spec
 from switchyard_spec import hookspecs
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _hook_names() -> list[str]:
@@ -23,12 +20,6 @@ def test_there_are_hooks():
 def test_every_hook_has_a_docstring():
     for name in _hook_names():
         assert (getattr(hookspecs, name).__doc__ or "").strip(), name
-
-
-def test_every_hook_is_in_the_plugin_guide():
-    guide = README.read_text().split("## Writing a plugin", 1)[1]
-    for name in _hook_names():
-        assert f"`{name}(" in guide, f"{name} is not documented in README's plugin guide"
 
 
 def test_every_public_type_and_engine_method_is_documented():
