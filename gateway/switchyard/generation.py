@@ -52,6 +52,8 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True):
     prompt_logprobs: tuple[float, ...] = ()
     """Log-probabilities of prompt tokens 1.. (empty unless the plan asked for them
     and the engine reported them)."""
+    prompt_top_tokens: tuple[tuple[TopToken, ...], ...] = ()
+    """The most likely tokens at each of those positions (when `top_n_tokens` was asked)."""
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +66,11 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
     token: GeneratedToken
     text: str
     finished: Finished | None = None
+    prompt_logprobs: tuple[float, ...] = ()
+    """On the first step only: the engine's prompt log-probabilities (see `Finished`),
+    so that a stream can send them before the sequence ends."""
+    prompt_top_tokens: tuple[tuple[TopToken, ...], ...] = ()
+    """On the first step only: the alternatives at each scored prompt position."""
 
 
 class Completed(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,7 +105,8 @@ class SequenceRun:
             prompt_logprobs=plan.prompt_logprobs,
         )
         # The request's telemetry times each sequence: submit, first event, end.
-        self._record = note_sequence(plan.prompt_ids, plan.stopping.max_new_tokens)
+        self._record = note_sequence(
+            plan.prompt_ids, 0 if plan.score_only else plan.stopping.max_new_tokens)
         self._events: EventStream = model.submit(request)
 
     def close(self) -> None:
@@ -120,6 +128,7 @@ class SequenceRun:
         text_parts: list[str] = []
         count = 0
         prompt_logprobs: tuple[float, ...] = ()
+        prompt_top: tuple[tuple[TopToken, ...], ...] = ()
         seed = plan.sampling.seed if plan.sampling.do_sample else None
         record = self._record
         try:
@@ -127,8 +136,9 @@ class SequenceRun:
                 if count == 0 and record is not None:
                     record.first(event.queue_seconds)
                 _raise_if_failed(model, event)
-                if event.prompt_logprobs:
-                    prompt_logprobs = event.prompt_logprobs
+                first = count == 0
+                if first:
+                    prompt_logprobs, prompt_top = event.prompt_logprobs, event.prompt_top_tokens
                 count += 1
                 special = tokenizer.is_special(event.token_id)
                 delta = detok.step(event.token_id)
@@ -155,7 +165,7 @@ class SequenceRun:
                 finished = None
                 if reason is not None:
                     if record is not None:
-                        record.end(count, reason.value)
+                        record.end(0 if plan.score_only else count, reason.value)
                     model.healthy = True
                     finished = Finished(
                         reason=reason,
@@ -164,8 +174,11 @@ class SequenceRun:
                         prompt_tokens=event.prompt_tokens or len(plan.prompt_ids),
                         seed=seed,
                         prompt_logprobs=prompt_logprobs,
+                        prompt_top_tokens=prompt_top,
                     )
-                yield Step(token=token, text=visible, finished=finished)
+                yield Step(token=token, text=visible, finished=finished,
+                           prompt_logprobs=prompt_logprobs if first else (),
+                           prompt_top_tokens=prompt_top if first else ())
                 if finished is not None:
                     return
         finally:

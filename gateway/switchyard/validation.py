@@ -37,6 +37,9 @@ class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
     max_new_tokens_given: bool = False
     prompt_logprobs: bool = False
     """Ask the engine for the prompt tokens' log-probabilities (TGI's `decoder_input_details`)."""
+    score_only: bool = False
+    """Score the prompt and hand back no generated token (OpenAI's `max_tokens: 0`): the
+    engine runs for one token, which telemetry counts as none generated of none asked."""
 
 
 def _sampling_enabled(p: GenerateParameters) -> bool:

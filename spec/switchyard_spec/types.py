@@ -127,6 +127,13 @@ class TokenEvent(msgspec.Struct, frozen=True, kw_only=True):
     """With ``EngineRequest.prompt_logprobs``, on the first event only: the
     log-probability of prompt token ``i + 1`` given tokens ``0..i``, so one fewer
     entry than the prompt has tokens (the first token has none)."""
+    prompt_top_tokens: tuple[tuple[TopToken, ...], ...] = ()
+    """With ``EngineRequest.prompt_logprobs`` and ``sampling.top_n_tokens`` > 0, on
+    the first event only: for each entry of ``prompt_logprobs``, the
+    ``top_n_tokens`` most likely tokens at that prompt position, most likely
+    first, scored like ``prompt_logprobs`` (raw logits, no sampling parameter)
+    so that the prompt token's own value equals its alternative's when it is
+    among them. Empty otherwise."""
     error: str | None = None
     queue_seconds: float | None = None
     """On the first event only: seconds from ``submit`` until the sequence first

@@ -91,9 +91,14 @@ def test_completions_logprobs(client):
         assert max(top.values()) == pytest.approx(logprob, abs=1e-4)  # greedy: the best one
     echoed = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=5, temperature=0,
                                        logprobs=0, echo=True).choices[0]
-    assert echoed.logprobs.tokens == lp.tokens
-    assert echoed.logprobs.text_offset == [o + len(PROMPT) for o in lp.text_offset]
-    assert all(len(top) == 1 for top in echoed.logprobs.top_logprobs)  # just the chosen token
+    # The prompt's tokens come first (tests/e2e/test_scoring.py checks their values).
+    prompt_len = len(echoed.logprobs.tokens) - n
+    assert "".join(echoed.logprobs.tokens[:prompt_len]) == PROMPT
+    assert echoed.logprobs.tokens[prompt_len:] == lp.tokens
+    assert echoed.logprobs.text_offset[prompt_len:] == [o + len(PROMPT) for o in lp.text_offset]
+    assert echoed.logprobs.top_logprobs[0] is None  # the first prompt token has no context
+    # Just the actual token at each position.
+    assert all(len(top) == 1 for top in echoed.logprobs.top_logprobs[1:])
     streamed = []
     for chunk in client.completions.create(model="tgi", prompt=PROMPT, max_tokens=5, temperature=0,
                                            logprobs=2, stream=True):

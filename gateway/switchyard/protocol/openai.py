@@ -173,14 +173,21 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
 class CompletionRequest(msgspec.Struct, kw_only=True):
     """Body of `POST /v1/completions`."""
 
-    prompt: Annotated[str | list[str], Meta(
-        description="A prompt, or a list of up to `--max-client-batch-size` prompts, each "
-                    "an independent sequence.")]
+    prompt: Annotated[str | list[str | int | list[int]], Meta(
+        description="A prompt as a string, a list of strings, a list of token ids, or a "
+                    "list of token-id lists (ids used as given: no BOS is added). A list "
+                    "holds up to `--max-client-batch-size` prompts, each an independent "
+                    "sequence; mixing the forms in one list is a 422.")]
     model: Annotated[str | None, Meta(description=_MODEL)] = None
-    max_tokens: Annotated[int | None, Meta(description=_MAX_TOKENS)] = None
+    max_tokens: Annotated[int | None, Meta(
+        description=_MAX_TOKENS + " 0 with `echo` scores the prompt and generates nothing.")] = None
     temperature: Annotated[float | None, Meta(description=_TEMPERATURE)] = None
     top_p: Annotated[float | None, Meta(description=_TOP_P)] = None
     n: Annotated[int | None, Meta(description=_N)] = None
+    best_of: Annotated[int | None, Meta(
+        description="Generate this many candidates per prompt (at least `n`) and return the "
+                    "`n` with the highest mean token log-probability, best first; usage "
+                    "counts every candidate. Not streamed when larger than `n`.")] = None
     stop: Annotated[str | list[str] | None, Meta(description=_STOP)] = None
     seed: Annotated[int | None, Meta(description=_SEED)] = None
     stream: Annotated[bool, Meta(description=_STREAM)] = False
@@ -191,8 +198,11 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float | None, Meta(
         description="TGI's multiplicative repetition penalty (> 0); 1.0 is none.")] = None
     logprobs: Annotated[int | None, Meta(
-        description="Return log-probabilities with this many alternatives per token.")] = None
-    echo: Annotated[bool, Meta(description="Put the prompt before the completion.")] = False
+        description="Return log-probabilities with this many alternatives per token "
+                    "(at most `--max-top-n-tokens`).")] = None
+    echo: Annotated[bool, Meta(
+        description="Put the prompt before the completion; with `logprobs`, the prompt's "
+                    "tokens and their log-probabilities come first in `logprobs`.")] = False
     suffix: Annotated[str | None, Meta(
         description="Not supported, as in TGI: any value is a 422.")] = None
     logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
@@ -323,13 +333,24 @@ class ChatCompletionChunk(msgspec.Struct):
 
 
 class CompletionLogprobs(msgspec.Struct):
-    """Legacy `logprobs` of a completion choice."""
+    """Legacy `logprobs` of a completion choice.
 
-    tokens: Annotated[list[str], Meta(description="The generated tokens' texts.")]
-    token_logprobs: Annotated[list[float | None], Meta(description="Their log-probabilities.")]
-    top_logprobs: Annotated[list[dict[str, float]] | None, Meta(
-        description="The most likely tokens of each step, text to log-probability.")]
-    text_offset: Annotated[list[int], Meta(description="Each token's offset in the text.")]
+    With `echo`, the prompt's tokens come first: the first prompt token has a
+    null log-probability and null alternatives (nothing precedes it). The
+    token texts add up to the choice's text, and `text[text_offset[i]:]`
+    starts with `tokens[i]`; a token whose bytes end inside a multi-byte
+    character has the text "", and the token that completes it the whole character.
+    """
+
+    tokens: Annotated[list[str], Meta(
+        description="The tokens' texts: the echoed prompt's, then the generated ones.")]
+    token_logprobs: Annotated[list[float | None], Meta(
+        description="Their log-probabilities (null for the first prompt token).")]
+    top_logprobs: Annotated[list[dict[str, float] | None] | None, Meta(
+        description="The most likely tokens at each position, text to log-probability, "
+                    "always with the actual token (null for the first prompt token).")]
+    text_offset: Annotated[list[int], Meta(
+        description="Each token's character offset in the choice's text.")]
 
 
 class CompletionChoice(msgspec.Struct):

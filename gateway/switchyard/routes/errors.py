@@ -21,6 +21,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import (
     HTTPException,
+    InternalServerException,
     MethodNotAllowedException,
     NotFoundException,
     ValidationException,
@@ -43,6 +44,12 @@ METHOD_NOT_ALLOWED = "method_not_allowed"
 INVALID_REQUEST = frozenset({"validation", PAYLOAD_TOO_LARGE, NOT_FOUND, METHOD_NOT_ALLOWED})
 """TGI's error types of what OpenAI calls an `invalid_request_error`."""
 OPENAI_PREFIX = "/v1/"
+CLIENT_GONE = "dropped"
+"""The error type (and `tgi_request_failure` label) of a client that went away."""
+CLIENT_CLOSED_STATUS = 499
+"""nginx's "client closed request": the status logged for it (no client reads it)."""
+_LITESTAR_DISCONNECT = "client disconnected prematurely"
+"""What Litestar's `Request.stream` raises (as a 500) when the client goes away mid-body."""
 
 
 def _payload_too_large(request: Request[Any, Any, Any] | None) -> ApiError:
@@ -67,9 +74,23 @@ def as_api_error(exc: Exception, request: Request[Any, Any, Any] | None = None) 
     return err
 
 
+def client_went_away(exc: Exception) -> bool:
+    """Whether `exc` says the client disconnected while its body was being read.
+
+    Litestar raises a plain `InternalServerException` then: a 500 to Litestar,
+    but the server did nothing wrong, so it must not count or log as one.
+    """
+    return type(exc) is InternalServerException and exc.detail == _LITESTAR_DISCONNECT
+
+
 def _as_api_error(exc: Exception, request: Request[Any, Any, Any] | None) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if client_went_away(exc):
+        # Nobody reads the answer; the request log line (WARNING, no traceback) and
+        # tgi_request_failure{err="dropped"} say what happened.
+        return ApiError(CLIENT_CLOSED_STATUS, "Client closed the request before sending its "
+                        "whole body", CLIENT_GONE)
     if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
         # Bodies a route decodes itself (e.g. /invocations) fail here rather than in Litestar.
         malformed = isinstance(exc, msgspec.DecodeError) and not isinstance(

@@ -1,8 +1,16 @@
 """`POST /v1/completions`: OpenAI's legacy completions, one prompt or a list.
 
 Each prompt gets `n` choices; every choice is an independent sequence and all
-of them are submitted together. Choice `index` is `prompt_index * n + j`, as
-OpenAI numbers them; a stream interleaves the choices' chunks.
+of them are submitted together (`best_of` candidates per prompt, of which the
+`n` with the highest mean token log-probability are returned). Choice `index`
+is `prompt_index * n + j`, as OpenAI numbers them; a stream interleaves the
+choices' chunks.
+
+Scoring (`echo` with `logprobs`, and `max_tokens: 0`): the prompt's own token
+log-probabilities come from the engine's prefill of the first candidate of each
+prompt (the others would compute the same numbers), and are put before the
+generated tokens' in every choice of that prompt. A stream sends them in each
+choice's echo chunk, so that chunk waits for the first candidate's first token.
 """
 
 from __future__ import annotations
@@ -20,64 +28,91 @@ from litestar.response import ServerSentEvent
 
 from switchyard import openapi
 from switchyard.errors import ApiError
-from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
+from switchyard.generation import (
+    Completed,
+    Finished,
+    Step,
+    close_all,
+    collect_all,
+    interleave,
+    start_all,
+)
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.routes.auth import require_api_key
+from switchyard.routes.completion_logprobs import echo_logprobs, generated_logprobs, joined
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
-from switchyard.routes.openai_plans import choice_count, completion_prompts, plan_completion
+from switchyard.routes.openai_plans import CompletionPlan, plan_completion
 from switchyard.state import Gateway
-from switchyard.validation import GenerationPlan, fan_out
+from switchyard.text.echo import EchoedPrompt
+from switchyard.validation import fan_out
 
 
-def completion_logprobs(
-    model: ServedModel, steps: Sequence[Step], offset: int
-) -> tuple[oai.CompletionLogprobs, int]:
-    """The legacy `logprobs` object for these steps, and the text offset after them.
+class _Answer:
+    """A validated completion request and what every choice of its answer needs."""
 
-    `offset` is where the first token's text starts in the choice's text (after
-    the prompt when it is echoed). `top_logprobs` always holds the chosen
-    token besides the alternatives asked for, as OpenAI's does.
-    """
-    tok = model.tokenizer
-    tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top: list[dict[str, float]] = []
-    text_offset: list[int] = []
-    for step in steps:
-        t = step.token
-        tokens.append(t.text)
-        token_logprobs.append(t.logprob)
-        alternatives = {tok.token_text(a.id): a.logprob for a in t.top_tokens}
-        alternatives.setdefault(t.text, t.logprob)
-        top.append(alternatives)
-        text_offset.append(offset)
-        if not t.special:  # special tokens are not part of the text
-            offset += len(t.text)
-    return oai.CompletionLogprobs(tokens=tokens, token_logprobs=token_logprobs,
-                                  top_logprobs=top, text_offset=text_offset), offset
+    def __init__(self, gw: Gateway, model: ServedModel, data: oai.CompletionRequest) -> None:
+        self.model = model
+        self.plan: CompletionPlan = plan_completion(gw, model, data)
+        req = self.plan
+        self.echo = data.echo
+        self.logprobs = data.logprobs is not None
+        self.include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        self.ident = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.fingerprint = gw.system_fingerprint
+        tokenizer = model.tokenizer
+        self.prefixes = [p.echo_text(tokenizer) if self.echo else "" for p in req.prompts]
+        """Per prompt: the text its choices start with (the prompt, when echoed)."""
+        self.echoes: list[EchoedPrompt | None] = [
+            p.echoed(tokenizer) if self.echo and self.logprobs else None for p in req.prompts]
+        """Per prompt: its tokens' texts and offsets, when echoed with logprobs."""
+        self.candidates = [copy for plan in req.plans for copy in fan_out(plan, req.best_of)]
+        """`best_of` candidates per prompt; each prompt's first one scores the prompt."""
 
+    def prompt_of(self, run: int) -> int:
+        """The prompt a run (a candidate) belongs to."""
+        return run // self.plan.best_of
 
-class _Request(msgspec.Struct, kw_only=True):
-    """A validated completion request: a plan per choice and what the answer needs."""
+    def chunk(self, choices: list[oai.CompletionChoice], used: oai.Usage | None = None) -> str:
+        """One streamed event."""
+        return msgspec.json.encode(oai.Completion(
+            id=self.ident, created=self.created, model=self.model.name,
+            system_fingerprint=self.fingerprint, choices=choices, usage=used)).decode()
 
-    prompts: list[str]
-    n: int
-    plans: list[GenerationPlan]
-    echo: bool
-    logprobs: bool
-    include_usage: bool
-    ident: str
-    created: int
-    fingerprint: str
+    def usage(self, finished: Sequence[Finished]) -> oai.Usage:
+        """Usage of the whole request: each prompt once, every candidate's tokens."""
+        prompt_tokens = sum(done.prompt_tokens for i, done in enumerate(finished)
+                            if i % self.plan.best_of == 0)
+        # Scoring generated one token per sequence to drop it: none reached the client.
+        return usage(prompt_tokens, [] if self.plan.score_only else finished)
 
-    def prefix(self, index: int) -> str:
-        """The text a choice starts with: its prompt when echoed."""
-        return self.prompts[index // self.n] if self.echo else ""
+    def echo_part(self, prompt: int, scores: Step | Finished) -> oai.CompletionLogprobs | None:
+        """The echoed prompt's `logprobs` entries (None unless echoed with logprobs)."""
+        echoed = self.echoes[prompt]
+        if echoed is None:
+            return None
+        return echo_logprobs(self.model, echoed, scores.prompt_logprobs,
+                             scores.prompt_top_tokens)
 
-    def prompt_tokens(self, finished: Sequence[Finished]) -> int:
-        """Prompt tokens of the request: each prompt once, whatever `n` is."""
-        return sum(done.prompt_tokens for i, done in enumerate(finished) if i % self.n == 0)
+    def choice(self, prompt: int, index: int, result: Completed,
+               echoed: oai.CompletionLogprobs | None) -> oai.CompletionChoice:
+        """One choice of a non-streamed answer."""
+        prefix = self.prefixes[prompt]
+        done = result.finished
+        steps = [] if self.plan.score_only else result.steps
+        lp = None
+        if self.logprobs:
+            lp = generated_logprobs(self.model, steps, len(prefix))[0]
+            if echoed is not None:
+                lp = joined(echoed, lp)
+        text = prefix if self.plan.score_only else prefix + done.generated_text
+        return oai.CompletionChoice(index=index, text=text, logprobs=lp,
+                                    finish_reason=self.finish(done))
+
+    def finish(self, done: Finished) -> oai.FinishReasonOpenAI:
+        """The choice's finish reason; scoring generates nothing, up to its limit of 0."""
+        return "length" if self.plan.score_only else finish_reason(done.reason)
 
 
 async def completion_response(
@@ -85,48 +120,96 @@ async def completion_response(
 ) -> Response[oai.Completion] | ServerSentEvent:
     """Answer a completion request (shared by the route and `/invocations`)."""
     model = gw.model(data.model)
-    n = choice_count(data.n)
-    plans = [copy for plan in plan_completion(gw, model, data) for copy in fan_out(plan, n)]
-    req = _Request(
-        prompts=completion_prompts(data), n=n, plans=plans, echo=data.echo,
-        logprobs=data.logprobs is not None,
-        include_usage=bool(data.stream_options and data.stream_options.include_usage),
-        ident=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
-        fingerprint=gw.system_fingerprint,
-    )
+    answer = _Answer(gw, model, data)
     if data.stream:
         model.admission.check()
-        return sse(_completion_stream(model, req))
+        return sse(_completion_stream(answer))
     model.admission.acquire()
     try:
-        results = await collect_all(start_all(model, plans, "cmpl"))
+        results = await collect_all(start_all(model, answer.candidates, "cmpl"))
     finally:
         model.admission.release()
+    req = answer.plan
     choices = []
-    for index, r in enumerate(results):
-        prefix = req.prefix(index)
-        lp = completion_logprobs(model, r.steps, len(prefix))[0] if req.logprobs else None
-        choices.append(oai.CompletionChoice(
-            index=index, text=prefix + r.finished.generated_text, logprobs=lp,
-            finish_reason=finish_reason(r.finished.reason),
-        ))
-    finished = [r.finished for r in results]
+    for prompt in range(len(req.prompts)):
+        group = results[prompt * req.best_of : (prompt + 1) * req.best_of]
+        echoed = answer.echo_part(prompt, group[0].finished)
+        # The best candidates first; with best_of == n all of them, in order.
+        chosen = (group if req.best_of == req.n
+                  else sorted(group, key=lambda r: r.mean_logprob, reverse=True)[: req.n])
+        for j, result in enumerate(chosen):
+            choices.append(answer.choice(prompt, prompt * req.n + j, result, echoed))
     body = oai.Completion(
-        id=req.ident, created=req.created, model=model.name, system_fingerprint=req.fingerprint,
-        choices=choices, usage=usage(req.prompt_tokens(finished), finished),
+        id=answer.ident, created=answer.created, model=model.name,
+        system_fingerprint=answer.fingerprint, choices=choices,
+        usage=answer.usage([r.finished for r in results]),
     )
     return Response(body, status_code=200)
 
 
-async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator[str]:
+class _StreamState:
+    """Per choice: where its next token's text starts, and how it ended.
+
+    A stream never has more candidates than choices (`best_of` > `n` is not
+    streamed), so run `i` is choice `i`.
+    """
+
+    def __init__(self, answer: _Answer) -> None:
+        self.answer = answer
+        count = len(answer.candidates)
+        self.offsets = [len(answer.prefixes[answer.prompt_of(i)]) for i in range(count)]
+        self.finished: list[Finished | None] = [None] * count
+        # Echo chunks that carry the prompt's scores wait for them (its first run's first
+        # step); steps of the prompt's other runs that arrive before wait with them.
+        waiting = answer.echo and answer.logprobs
+        self.open = [not waiting] * len(answer.plan.prompts)
+        self.held: list[list[tuple[int, Step]]] = [[] for _ in answer.plan.prompts]
+
+    def echo_chunks(self, prompt: int, scores: Step | None) -> list[str]:
+        """The echo chunk of each choice of `prompt`, with the prompt's scores when asked."""
+        a = self.answer
+        n = a.plan.n
+        lp = a.echo_part(prompt, scores) if scores is not None else None
+        return [a.chunk([oai.CompletionChoice(index=index, text=a.prefixes[prompt], logprobs=lp,
+                                              finish_reason=None)])
+                for index in range(prompt * n, (prompt + 1) * n)]
+
+    def feed(self, index: int, step: Step) -> list[str]:
+        """The chunks one step of run `index` releases (several when it opens its prompt)."""
+        a = self.answer
+        prompt = a.prompt_of(index)
+        if self.open[prompt]:
+            return self._step_chunk(index, step)
+        if index % a.plan.best_of:
+            self.held[prompt].append((index, step))
+            return []
+        self.open[prompt] = True
+        out = self.echo_chunks(prompt, step)
+        for held_index, held_step in [*self.held[prompt], (index, step)]:
+            out += self._step_chunk(held_index, held_step)
+        self.held[prompt] = []
+        return out
+
+    def _step_chunk(self, index: int, step: Step) -> list[str]:
+        a = self.answer
+        done = step.finished
+        if done is not None:
+            self.finished[index] = done
+        text, lp = step.text, None
+        if a.plan.score_only:
+            text = ""  # the token scoring generated is dropped
+        elif a.logprobs:
+            lp, self.offsets[index] = generated_logprobs(a.model, [step], self.offsets[index])
+        if not (text or done is not None or lp is not None):
+            return []
+        return [a.chunk([oai.CompletionChoice(
+            index=index, text=text, logprobs=lp,
+            finish_reason=a.finish(done) if done is not None else None)])]
+
+
+async def _completion_stream(answer: _Answer) -> AsyncIterator[str]:
     """Chunks of every choice, interleaved as they are produced, each with its `index`."""
-
-    def chunk(choices: list[oai.CompletionChoice], used: oai.Usage | None = None) -> str:
-        return msgspec.json.encode(
-            oai.Completion(id=req.ident, created=req.created, model=model.name,
-                           system_fingerprint=req.fingerprint, choices=choices, usage=used)
-        ).decode()
-
+    model = answer.model
     try:
         model.admission.acquire()
     except ApiError as exc:
@@ -134,32 +217,22 @@ async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator
         yield DONE
         return
     runs = []
+    state = _StreamState(answer)
     try:
-        runs = start_all(model, req.plans, "cmpl-stream")
-        offsets = [len(req.prefix(i)) for i in range(len(runs))]
-        if req.echo:
-            for index in range(len(runs)):
-                yield chunk([oai.CompletionChoice(index=index, text=req.prefix(index),
-                                                  logprobs=None, finish_reason=None)])
-        finished: list[Finished | None] = [None] * len(runs)
+        runs = start_all(model, answer.candidates, "cmpl-stream")
+        if answer.echo and not answer.logprobs:  # nothing to wait for: echo at once
+            for prompt in range(len(answer.plan.prompts)):
+                for event in state.echo_chunks(prompt, None):
+                    yield event
         # Closed here, not left to the garbage collector: a client that goes away
         # must stop the sequences' reader tasks at once.
         async with aclosing(interleave(runs)) as steps:
             async for index, step in steps:
-                done = step.finished
-                lp = None
-                if req.logprobs:
-                    lp, offsets[index] = completion_logprobs(model, [step], offsets[index])
-                if step.text or done is not None or lp is not None:
-                    yield chunk([oai.CompletionChoice(
-                        index=index, text=step.text, logprobs=lp,
-                        finish_reason=finish_reason(done.reason) if done else None,
-                    )])
-                if done is not None:
-                    finished[index] = done
-        ended = [done for done in finished if done is not None]
-        if req.include_usage and len(ended) == len(finished):
-            yield chunk([], usage(req.prompt_tokens(ended), ended))
+                for event in state.feed(index, step):
+                    yield event
+        ended = [done for done in state.finished if done is not None]
+        if answer.include_usage and len(ended) == len(state.finished):
+            yield answer.chunk([], answer.usage(ended))
     except ApiError as exc:
         yield error_event(exc)
     finally:
@@ -173,5 +246,5 @@ async def _completion_stream(model: ServedModel, req: _Request) -> AsyncIterator
 async def completions(
     gw: NamedDependency[Gateway], data: JSONBody[oai.CompletionRequest]
 ) -> Response[oai.Completion] | ServerSentEvent:
-    """Complete one prompt or a list of prompts, `n` choices each."""
+    """Complete one prompt or a list of prompts, `n` choices each (of `best_of` candidates)."""
     return await completion_response(gw, data)

@@ -17,6 +17,7 @@ from switchyard.errors import ApiError, validation_error
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
+from switchyard.routes.completion_prompts import CompletionPrompt, completion_prompts
 from switchyard.state import Gateway
 from switchyard.text.chat import ChatMessage, ChatTemplateError, render_chat
 from switchyard.validation import GenerationPlan, build_plan, check_parameters
@@ -200,26 +201,40 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     )
 
 
-def completion_prompts(req: oai.CompletionRequest) -> list[str]:
-    """The prompts of a completion request, one or many."""
-    return [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+class CompletionPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated completion request: its prompts, one plan per prompt, and how to answer."""
+
+    prompts: list[CompletionPrompt]
+    plans: list[GenerationPlan]
+    """One per prompt; `fan_out` makes the `best_of` candidates of each."""
+    n: int
+    """Choices returned per prompt."""
+    best_of: int
+    """Candidates generated per prompt (>= `n`)."""
+    score_only: bool
+    """`max_tokens: 0` with `echo`: score the prompt, return no generated token."""
 
 
-def plan_completion(
-    gw: Gateway, model: ServedModel, req: oai.CompletionRequest
-) -> list[GenerationPlan]:
-    """Validate a completion request: one plan per prompt (one choice each)."""
-    prompts = completion_prompts(req)
-    if not prompts:
-        raise validation_error("`prompt` cannot be empty", param="prompt")
-    if len(prompts) > gw.settings.max_client_batch_size:
-        raise ApiError(
-            422,
-            "Number of prompts exceeds the maximum allowed batch size of "
-            f"{gw.settings.max_client_batch_size}",
-            "batch size exceeded",
-            param="prompt",
-        )
+def _best_of(req: oai.CompletionRequest, n: int) -> int:
+    """`best_of`, checked: candidates per prompt, `n` when absent."""
+    if req.best_of is None:
+        return n
+    if not n <= req.best_of <= MAX_N:
+        raise validation_error(
+            f"`best_of` must be >= `n` ({n}) and <= {MAX_N}. Given: {req.best_of}",
+            param="best_of")
+    if req.stream and req.best_of > n:
+        raise validation_error("`best_of` larger than `n` cannot be streamed", param="best_of")
+    return req.best_of
+
+
+def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest) -> CompletionPlan:
+    """Validate a completion request: its prompts, and one plan per prompt (one choice each)."""
+    # With echo, logprobs cover the prompt's tokens too: the engine scores them in prefill.
+    score_prompt = req.echo and req.logprobs is not None
+    prompts = completion_prompts(
+        req.prompt, model.tokenizer, model.info.vocab_size,
+        gw.settings.max_client_batch_size, with_spans=score_prompt)
     if req.suffix is not None:
         raise ApiError(
             422,
@@ -231,23 +246,33 @@ def plan_completion(
     if req.logprobs is not None and not 0 <= req.logprobs <= top_n:
         raise validation_error(f"`logprobs` must be >= 0 and <= {top_n}. Given: {req.logprobs}",
                                param="logprobs")
+    score_only = req.max_tokens == 0
+    if score_only and not req.echo:
+        raise validation_error(
+            "`max_tokens` 0 generates nothing and so needs `echo` (to score the prompt); "
+            "without it `max_tokens` must be strictly positive",
+            param="max_tokens")
+    n = choice_count(req.n)
+    best_of = _best_of(req, n)
     params = to_parameters(SamplingFields(
-        max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
+        # Scoring runs the engine for one token and drops it: the forward pass over the
+        # prompt computes that token's logits anyway, so it costs one sampling row, and
+        # engines keep their one rule (every sequence ends with a token event).
+        max_tokens=1 if score_only else req.max_tokens,
+        temperature=req.temperature, top_p=req.top_p, stop=req.stop,
         seed=req.seed, frequency_penalty=req.frequency_penalty,
         presence_penalty=req.presence_penalty, top_n_tokens=req.logprobs or 0, n=req.n,
     ))
     if req.repetition_penalty is not None:
         params.repetition_penalty = req.repetition_penalty
+    params.decoder_input_details = score_prompt
     check_parameters(params, gw.settings)
     bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
-    plans = []
-    for prompt in prompts:
-        if not prompt:
-            raise validation_error("`prompt` cannot be empty", param="prompt")
-        ids = model.tokenizer.encode(prompt, add_special_tokens=True)
-        plans.append(
-            build_plan(ids, params, model.limits, model.info.eos_token_ids,
-                       presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
-                       include_stop=False)
-        )
-    return plans
+    plans = [
+        msgspec.structs.replace(build_plan(list(prompt.ids), params, model.limits, model.info.eos_token_ids,
+                           presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
+                           include_stop=False), score_only=score_only)
+        for prompt in prompts
+    ]
+    return CompletionPlan(prompts=prompts, plans=plans, n=n, best_of=best_of,
+                          score_only=score_only)

@@ -131,6 +131,18 @@ class TextTokenizer:
             spans.append(TokenSpan(id=token_id, text=piece, start=start, stop=stop))
         return spans
 
+    def encode_with_char_offsets(
+        self, text: str, add_special_tokens: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` and each token's (start, stop) *character* offsets in it.
+
+        The ids are those of `encode`. Tokens that carry part of a multi-byte
+        character span the whole character; tokens the post-processor adds
+        span nothing (`start == stop`).
+        """
+        encoding = self._backend.encode(text, add_special_tokens=add_special_tokens)
+        return encoding.ids, [(int(a), int(b)) for a, b in encoding.offsets]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; incomplete UTF-8 at the edges becomes U+FFFD."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

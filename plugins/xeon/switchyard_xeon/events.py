@@ -35,11 +35,13 @@ def record_results(sched: Scheduler, batch: Seq[Sequence],
         if finish is not None:
             sched.finish(seq)
         prompt_logprobs: tuple[float, ...] = ()
+        prompt_top: tuple[tuple[TopToken, ...], ...] = ()
         if seq.generated == 1 and seq.request.prompt_logprobs:
             prompt_logprobs = tuple(seq.prompt_logprobs)
-            seq.prompt_logprobs = []  # delivered: do not hold them for the sequence's life
+            prompt_top = tuple(seq.prompt_top_tokens)
+            seq.forget_prompt_scores()  # delivered: do not hold them for the sequence's life
         emit(seq, res.token_id, res.logprob, res.top_tokens, finish=finish,
-             prompt_logprobs=prompt_logprobs)
+             prompt_logprobs=prompt_logprobs, prompt_top_tokens=prompt_top)
 
 
 def finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
@@ -54,13 +56,14 @@ def finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
 
 def emit(seq: Sequence, token_id: int, logprob: float = 0.0,
          top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None,
-         error: str | None = None, prompt_logprobs: tuple[float, ...] = ()) -> None:
+         error: str | None = None, prompt_logprobs: tuple[float, ...] = (),
+         prompt_top_tokens: tuple[tuple[TopToken, ...], ...] = ()) -> None:
     """Send one event of ``seq`` to its sink."""
     deliver(seq.sink, TokenEvent(
         request_id=seq.request_id, token_id=token_id, logprob=logprob,
         top_tokens=top_tokens, finish_reason=finish, error=error,
         seed=seq.sampler.seed, prompt_tokens=seq.prompt_len,
-        prompt_logprobs=prompt_logprobs,
+        prompt_logprobs=prompt_logprobs, prompt_top_tokens=prompt_top_tokens,
     ))
 
 

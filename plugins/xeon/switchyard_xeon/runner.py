@@ -2,7 +2,7 @@
 
 The runner reads what the scheduler decided (each sequence's ``num_cached``
 and ``num_scheduled``, and its block table) and changes nothing but the cache
-contents and ``Sequence.prompt_logprobs``.
+contents and ``Sequence.prompt_logprobs`` / ``Sequence.prompt_top_tokens``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from switchyard.engine.logprobs import token_logprobs
+from switchyard.engine.logprobs import prompt_scores
 from switchyard.engine.sampling import SampledToken, sample_step
-from switchyard_spec import EngineStartError
+from switchyard_spec import EngineStartError, TopToken
 
 from switchyard_xeon.attention import DecodeRows, PrefillRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
@@ -67,11 +67,19 @@ class OutputPlan:
     """The prompt token each of ``prompt_rows`` predicts."""
     prompt_counts: list[int] = field(default_factory=list)
     """Per sequence: how many of ``prompt_rows`` are its own."""
+    prompt_top_n: list[int] = field(default_factory=list)
+    """Per sequence: how many alternatives to report per scored prompt position (0 for a
+    sequence that scores nothing this step)."""
 
     @property
     def only_last(self) -> bool:
         """Whether the kept rows are exactly the sampling rows."""
         return not self.prompt_rows
+
+    @property
+    def top_n(self) -> int:
+        """Alternatives computed per scored row: the most any scoring sequence asks for."""
+        return max(self.prompt_top_n, default=0)
 
 
 def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
@@ -95,7 +103,31 @@ def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
             plan.keep.append(off + n - 1)
             plan.sample_rows.append(len(plan.keep) - 1)
         plan.prompt_counts.append(scored)
+        plan.prompt_top_n.append(seq.prompt_top_n if scored else 0)
     return plan
+
+
+def _store_prompt_scores(seqs: Seq[Sequence], plan: OutputPlan, carried: list[float],
+                         top_n: int) -> None:
+    """Append each sequence's share of the step's prompt scores to it.
+
+    ``carried`` is laid out as the runner packed it: one log-prob per scored
+    row, then ``top_n`` ids per row, then ``top_n`` log-probs per row.
+    """
+    scored = len(plan.prompt_rows)
+    ids_at, values_at = scored, scored + scored * top_n
+    taken = 0
+    for seq, count, own in zip(seqs, plan.prompt_counts, plan.prompt_top_n, strict=True):
+        if not count:
+            continue
+        seq.prompt_logprobs.extend(carried[taken : taken + count])
+        own = min(own, top_n)
+        for row in range(taken, taken + count) if own else ():
+            base = row * top_n
+            seq.prompt_top_tokens.append(tuple(
+                TopToken(int(carried[ids_at + base + j]), carried[values_at + base + j])
+                for j in range(own)))
+        taken += count
 
 
 class ModelRunner:
@@ -131,12 +163,19 @@ class ModelRunner:
         plan = plan_outputs(seqs, offsets)
         logits = self.forward(seqs, plan.keep)
         carry = None
+        top_n = 0
         if not plan.only_last:
-            carry = token_logprobs(
+            scores = prompt_scores(
                 logits,
                 torch.tensor(plan.prompt_targets, device=logits.device),
                 rows=torch.tensor(plan.prompt_rows, device=logits.device),
+                top_n=plan.top_n,
             )
+            top_n = scores.top_ids.shape[1]
+            # Log-probs, then the alternatives' ids and values, all on the step's one
+            # host transfer (float64 holds the ids exactly).
+            carry = torch.cat([scores.logprobs.double(), scores.top_ids.flatten().double(),
+                               scores.top_logprobs.flatten().double()])
             logits = logits[torch.tensor(plan.sample_rows, dtype=torch.long, device=logits.device)]
         samplers = [seq.sampler for seq in seqs if seq.samples]
         if samplers:
@@ -144,11 +183,8 @@ class ModelRunner:
             tokens, carried = iter(result.tokens), result.carried
         else:
             tokens, carried = iter(()), (carry.tolist() if carry is not None else [])
-        taken = 0
-        for seq, count in zip(seqs, plan.prompt_counts, strict=True):
-            if count:
-                seq.prompt_logprobs.extend(carried[taken : taken + count])
-                taken += count
+        if carry is not None:
+            _store_prompt_scores(seqs, plan, carried, top_n)
         return [next(tokens) if seq.samples else None for seq in seqs]
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:

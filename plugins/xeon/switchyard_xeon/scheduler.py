@@ -165,7 +165,7 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
         seq.num_cached = seq.num_scheduled = 0
         if seq.generated == 0:
-            seq.prompt_logprobs.clear()  # scored again from the start
+            seq.forget_prompt_scores()  # scored again from the start
         seq.preemptions += 1
         self.counters.preemptions += 1
         self.waiting.appendleft(seq)

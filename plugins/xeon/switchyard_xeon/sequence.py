@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from switchyard_spec import EngineRequest, EventSink
+from switchyard_spec import EngineRequest, EventSink, TopToken
 
 if TYPE_CHECKING:
     from switchyard.engine.sampling import RowSampler
@@ -45,6 +45,9 @@ class Sequence:
     """Tokens the coming step feeds, from ``num_cached`` on (set by the scheduler)."""
     prompt_logprobs: list[float] = field(default_factory=list)
     """Prompt log-probs computed so far (only when the request asks); sent on the first event."""
+    prompt_top_tokens: list[tuple[TopToken, ...]] = field(default_factory=list)
+    """The most likely tokens at each scored prompt position (when the request asks for
+    prompt log-probs and ``top_n_tokens``); sent on the first event with them."""
     preemptions: int = 0
     """Times this sequence lost its cache and went back to the waiting queue."""
 
@@ -81,6 +84,16 @@ class Sequence:
         """
         return (self.request.prompt_logprobs and self.generated == 0
                 and self.num_cached < self.prompt_len - 1)
+
+    @property
+    def prompt_top_n(self) -> int:
+        """How many alternatives to report per scored prompt position (0: none)."""
+        return self.request.sampling.top_n_tokens if self.request.prompt_logprobs else 0
+
+    def forget_prompt_scores(self) -> None:
+        """Drop the prompt's scores: delivered, or to be computed again after preemption."""
+        self.prompt_logprobs = []
+        self.prompt_top_tokens = []
 
     @property
     def new_tokens(self) -> list[int]:

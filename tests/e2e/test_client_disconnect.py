@@ -1,0 +1,93 @@
+"""A client that goes away is not a server error: no 5xx in the request log or in metrics.
+
+Raw sockets against the live server: a body shorter than its Content-Length
+followed by a close (Litestar raises a 500-class exception while reading it),
+and a stream closed after its first event. Each must be logged as a dropped
+request without a traceback and counted as `tgi_request_failure{err="dropped"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+import httpx
+
+from tests.conftest import LiveServer
+
+_FAILURE = re.compile(r'^tgi_request_failure\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
+
+
+def _failures(live: LiveServer) -> dict[str, float]:
+    """`tgi_request_failure` by label set."""
+    text = httpx.get(f"{live.url}/metrics", timeout=30).text
+    return {m["labels"]: float(m["value"]) for m in _FAILURE.finditer(text)}
+
+
+def _connect(live: LiveServer) -> socket.socket:
+    host, port = live.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _head(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+def _truncated_body(live: LiveServer, path: str) -> None:
+    """Announce 500 bytes, send a few, then close the connection."""
+    with _connect(live) as sock:
+        sock.sendall(_head(path, 500) + b'{"prompt": "hello", "max_')
+        time.sleep(0.2)
+
+
+def _drop_stream(live: LiveServer, path: str, body: dict[str, object]) -> None:
+    """Start a stream, read until its first event, then close the connection."""
+    payload = json.dumps(body).encode()
+    with _connect(live) as sock:
+        sock.sendall(_head(path, len(payload)) + payload)
+        received = b""
+        while b"data:" not in received:
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the stream first"
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
+
+
+def _new_request_lines(live: LiveServer, start: int, count: int) -> list[str]:
+    """Wait for `count` request log lines after offset `start` of the log."""
+    deadline = time.monotonic() + 30
+    while True:
+        lines = [line for line in live.log()[start:].splitlines() if "switchyard.request" in line]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
+def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
+    before = _failures(server)
+    start = len(server.log())
+    _truncated_body(server, "/v1/completions")
+    _truncated_body(server, "/generate")
+    _drop_stream(server, "/v1/completions", {"prompt": "hello", "max_tokens": 400,
+                                             "stream": True})
+    _drop_stream(server, "/generate_stream", {"inputs": "hello",
+                                              "parameters": {"max_new_tokens": 400}})
+    lines = _new_request_lines(server, start, 4)
+    assert len(lines) == 4, server.log()[start:]
+    assert all("error=dropped" in line and "WARNING" in line for line in lines), lines
+    statuses = sorted(int(line.split("switchyard.request: POST ")[1].split()[1]) for line in lines)
+    assert statuses == [200, 200, 499, 499]  # 499: closed before its body arrived
+    new_log = server.log()[start:]
+    assert "Traceback" not in new_log and " ERROR " not in new_log
+    after = _failures(server)
+    grown = {labels: after[labels] - before.get(labels, 0.0) for labels in after
+             if after[labels] != before.get(labels, 0.0)}
+    assert set(grown) <= {labels for labels in grown if 'err="dropped"' in labels}, grown
+    assert sum(grown.values()) == 4
+    # The server still answers.
+    r = httpx.post(f"{server.url}/generate", timeout=60,
+                   json={"inputs": "hello", "parameters": {"max_new_tokens": 2}})
+    assert r.status_code == 200
