@@ -1,0 +1,132 @@
+"""Start-up, in the order that lets a bad configuration fail before any weight loads.
+
+:func:`prepare` reads the environment and the options, opens the device,
+reads the model's sizes from its folder and plans warmup (refusing what does
+not fit); only then does :func:`assemble` load the weights and build the
+cache, the runner, the scheduler and admission around them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from switchyard.engine.loading import dtype_name, load_causal_lm, resolve_dtype
+from switchyard.engine.watermark import WatermarkConfig
+from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
+
+from switchyard_gaudi import attention
+from switchyard_gaudi.admission import Admission
+from switchyard_gaudi.device import HPU, Device, open_device
+from switchyard_gaudi.kv_cache import StaticKVCache
+from switchyard_gaudi.limits import EngineOptions, resolve_plan
+from switchyard_gaudi.model_dims import DTYPE_BYTES, ModelDims, read_model_dims
+from switchyard_gaudi.rows import RowTable
+from switchyard_gaudi.runner import StaticRunner
+from switchyard_gaudi.scheduler import Policy, Scheduler, WaitingQueue
+from switchyard_gaudi.settings import GaudiSettings, inapplicable
+from switchyard_gaudi.warmup_plan import BucketSettings, Memory, WarmupPlan
+
+logger = logging.getLogger("switchyard.gaudi")
+
+SUPPORTED_MODELS = ("llama", "mistral", "qwen2", "phi3")
+"""Model types tested against transformers' ``generate`` on this engine."""
+GRAPH_MEMORY_FRACTION = 0.1
+"""Share of usable HPU memory kept for HPU graphs (TGI's ``TGI_GRAPH_RESERVED_MEM``)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything decided before the weights load."""
+
+    settings: GaudiSettings
+    options: EngineOptions
+    device: Device
+    dims: ModelDims
+    dtype: torch.dtype
+    plan: WarmupPlan
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The engine's working parts, around the loaded model."""
+
+    info: ModelInfo
+    cache: StaticKVCache
+    rows: RowTable
+    runner: StaticRunner
+    scheduler: Scheduler
+    admission: Admission
+
+
+def serving_dtype(requested: str, device_kind: str) -> torch.dtype:
+    """``--dtype``: "auto" is bfloat16 on an HPU, and on a CPU whatever the toolkit picks."""
+    if device_kind == HPU and requested == "auto":
+        return torch.bfloat16
+    return resolve_dtype(requested)
+
+
+def memory_for(device_kind: str, graphs: bool, free: int) -> Memory:
+    """The memory a plan is checked against: ``free`` bytes, with graph room on an HPU."""
+    return Memory(free=free, graph_fraction=GRAPH_MEMORY_FRACTION
+                  if device_kind == HPU and graphs else 0.0)
+
+
+def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
+    """Settings, options, device, model sizes, warmup plan; EngineStartError if unservable."""
+    settings = GaudiSettings.from_env(env)
+    options = EngineOptions.parse(config.options)
+    device = open_device(
+        options.device, graphs=settings.enable_hpu_graph, lazy=settings.pt_hpu_lazy_mode,
+        cpu_compile=options.cpu_compile, fused_attention=settings.use_flash_attention,
+        recompute=settings.flash_attention_recompute)
+    for note in inapplicable(settings, device.kind):
+        logger.warning("gaudi: %s", note)
+    if settings.quant_config:
+        raise EngineStartError(
+            f"QUANT_CONFIG={settings.quant_config}: FP8 through Intel Neural Compressor is not "
+            "implemented in this engine yet; unset QUANT_CONFIG to serve in bf16")
+    if config.quantize:
+        raise EngineStartError(f"gaudi engine: --quantize {config.quantize} is not supported "
+                               "(FP8 will come through QUANT_CONFIG)")
+    dims = read_model_dims(config.model_path)
+    if dims.model_type not in SUPPORTED_MODELS:
+        raise EngineStartError(f"gaudi engine: model type {dims.model_type!r} is not supported "
+                               f"(supported: {', '.join(SUPPORTED_MODELS)})")
+    dtype = serving_dtype(config.dtype, device.kind)
+    memory = memory_for(device.kind, device.graphs,
+                        options.device_memory or device.free_memory())
+    plan = resolve_plan(config, options, dims, BucketSettings.from_settings(settings),
+                        DTYPE_BYTES[dtype_name(dtype)], memory)
+    logger.info("gaudi: %s; graphs: %s", device.kind, device.describe())
+    for line in plan.describe().splitlines():
+        logger.info("gaudi plan: %s", line)
+    return Prepared(settings, options, device, dims, dtype, plan)
+
+
+def assemble(config: EngineConfig, p: Prepared) -> Parts:
+    """Load the weights onto the device and build the parts that serve them."""
+    if p.options.num_threads:
+        torch.set_num_threads(p.options.num_threads)
+    try:
+        watermark = WatermarkConfig.from_env()
+    except ValueError as exc:
+        raise EngineStartError(str(exc)) from None
+    loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype), device=p.device.kind,
+                            attn_implementation=attention.register())
+    limits, grid = p.plan.limits, p.plan.grid
+    # One row per decode row of the largest decode bucket: padding rows write to free rows.
+    cache = StaticKVCache(p.dims.num_layers, grid.decode_batch.limit, p.dims.num_kv_heads,
+                          limits.max_total_tokens, p.dims.head_dim, p.dtype,
+                          p.device.torch_device)
+    logger.info("gaudi: KV cache %d rows x %d tokens, %.1f MiB", cache.rows, cache.length,
+                cache.nbytes / 2**20)
+    runner = StaticRunner(loaded.model, cache, p.device, len(p.plan.shapes),
+                          capture_prefill=not p.settings.limit_hpu_graph)
+    scheduler = Scheduler(grid, Policy(limits.max_batch_size, p.options.max_waiting_tokens,
+                                       p.options.waiting_served_ratio),
+                          WaitingQueue(p.settings.queue_threshold_ms))
+    admission = Admission(limits, loaded.info.vocab_size, p.settings.ignore_eos_token, watermark)
+    return Parts(loaded.info, cache, RowTable(limits.max_batch_size), runner, scheduler,
+                 admission)

@@ -1,0 +1,50 @@
+"""The Gaudi plugin's hooks: declares the "gaudi" engine.
+
+Registered under the ``switchyard.plugins`` entry-point group. Importing this
+module is cheap: the probe looks for Habana's software without importing it
+where it is absent, and torch and the engine load only when the factory runs.
+Without an HPU the engine is listed as unavailable, with the reason, so it
+never takes over from the CPU engine by default; ``--engine gaudi
+--engine-option device=cpu`` still runs it on the CPU.
+"""
+
+from __future__ import annotations
+
+from switchyard_spec import DeviceInfo, Engine, EngineConfig, EngineSpec, hookimpl
+
+ENGINE_NAME = "gaudi"
+PRIORITY = 100
+"""Above the CPU engine's: where an HPU is present it serves by default."""
+
+
+def make_engine(config: EngineConfig) -> Engine:
+    """Build a :class:`GaudiEngine` for ``config`` without loading weights."""
+    from switchyard_gaudi.engine import GaudiEngine  # imports torch
+
+    return GaudiEngine(config)
+
+
+def probe() -> DeviceInfo:
+    """Report whether an HPU is present (never raises)."""
+    try:
+        from switchyard_gaudi.device import detect_hpu  # torch: only when plugins are listed
+
+        status = detect_hpu()
+        return DeviceInfo(available=status.available, name=status.name, detail=status.detail)
+    except Exception as exc:  # a probe must never raise
+        return DeviceInfo(available=False, name="Intel Gaudi (HPU)", detail=f"probe failed: {exc}")
+
+
+@hookimpl
+def switchyard_engines() -> list[EngineSpec]:
+    """Declare the Gaudi static-shape engine."""
+    return [
+        EngineSpec(
+            name=ENGINE_NAME,
+            description="Intel Gaudi: static-shape bucketed batching with warmup "
+                        "(device=cpu runs it on the CPU)",
+            factory=make_engine,
+            probe=probe,
+            priority=PRIORITY,
+        )
+    ]

@@ -1,0 +1,162 @@
+"""The bucketed forward passes: padded inputs in, logits of the real rows out.
+
+:class:`StaticRunner` holds two captured functions, one per phase, each run
+only on the shapes of the warmup plan:
+
+- prefill ``[P, S]`` (rows and prompt length padded to their buckets) returns
+  the logits of each row's last real token and the final hidden states, from
+  which prompt log-probabilities are scored when a request asks;
+- decode ``[B, 1]`` over cache rows ``0 .. B - 1`` returns every row's logits.
+
+Padding rows feed token 0: in prefill they write to the cache's scratch row,
+in decode to free rows, and their logits are never read. Sampling and
+prompt scoring use the shared toolkit (``switchyard.engine``) on the real
+rows, outside the captured graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from switchyard.engine.logprobs import prompt_scores
+from switchyard.engine.sampling import SampledToken, sample_step
+from switchyard_spec import TopToken
+
+from switchyard_gaudi.attention import STEP_KWARG, StepInputs
+from switchyard_gaudi.device import Device
+from switchyard_gaudi.kv_cache import StaticKVCache
+from switchyard_gaudi.sequence import GaudiSequence
+from switchyard_gaudi.warmup_plan import PREFILL, Shape
+
+SCORE_CHUNK = 256
+"""Prompt positions projected onto the vocabulary at once when scoring a prompt."""
+
+
+class StaticRunner:
+    """Runs a causal LM's bucketed prefill and decode steps against a static cache.
+
+    ``capture_prefill`` is False under ``LIMIT_HPU_GRAPH``: prefill then runs
+    uncaptured (eagerly), to save the graphs' memory.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: StaticKVCache, device: Device,
+                 shapes: int, capture_prefill: bool = True) -> None:
+        self.base = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.cache = cache
+        self.device = device
+        self._prefill = device.capture(self._prefill_fn, shapes) if capture_prefill \
+            else self._prefill_fn
+        self._decode = device.capture(self._decode_fn, shapes)
+
+    # ------------------------------------------------------- captured code
+    def _prefill_fn(self, ids: torch.Tensor, rows: torch.Tensor,
+                    last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length = ids.shape
+        positions = torch.arange(length, device=ids.device).expand(batch, length)
+        step = StepInputs(self.cache, self.device, prefill=True, rows=rows)
+        hidden = self.base(input_ids=ids, position_ids=positions, use_cache=False,
+                           **{STEP_KWARG: step}).last_hidden_state
+        final = hidden[torch.arange(batch, device=ids.device), last]
+        return self.head(final), hidden
+
+    def _decode_fn(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        step = StepInputs(self.cache, self.device, prefill=False, positions=positions)
+        hidden = self.base(input_ids=ids, position_ids=positions[:, None], use_cache=False,
+                           **{STEP_KWARG: step}).last_hidden_state
+        return self.head(hidden[:, 0])
+
+    # ----------------------------------------------------------- the steps
+    def prefill(self, seqs: Sequence[GaudiSequence], shape: Shape) -> list[SampledToken]:
+        """Prefill ``seqs`` (their ``row`` set) padded to ``shape``; sample their first tokens.
+
+        Prompt log-probabilities of the sequences that ask are appended to
+        their ``prompt_logprobs`` / ``prompt_top_tokens``.
+        """
+        dev = self.device.torch_device
+        ids = torch.zeros(shape.batch, shape.length, dtype=torch.long)
+        rows = torch.full((shape.batch,), self.cache.scratch_row, dtype=torch.long)
+        last = torch.zeros(shape.batch, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : seq.prompt_len] = torch.tensor(seq.request.prompt_token_ids)
+            rows[i] = seq.row
+            last[i] = seq.prompt_len - 1
+        ids, rows, last = ids.to(dev), rows.to(dev), last.to(dev)
+        self.device.mark_step()
+        logits, hidden = self._prefill(ids, rows, last)
+        self.device.mark_step()
+        carry, scored = self._score_prompts(seqs, hidden)
+        result = sample_step(logits[: len(seqs)], [s.sampler for s in seqs], carry)
+        if scored:
+            _store_prompt_scores(scored, result.carried)
+        return result.tokens
+
+    def decode(self, seqs: Sequence[GaudiSequence], shape: Shape) -> list[SampledToken]:
+        """One decode step over cache rows ``0 .. shape.batch - 1``: the next token of ``seqs``."""
+        ids = torch.zeros(shape.batch, 1, dtype=torch.long)
+        positions = torch.zeros(shape.batch, dtype=torch.long)
+        for seq in seqs:
+            ids[seq.row, 0] = seq.tokens[-1]
+            positions[seq.row] = len(seq.tokens) - 1
+        dev = self.device.torch_device
+        self.device.mark_step()
+        logits = self._decode(ids.to(dev), positions.to(dev))
+        self.device.mark_step()
+        picked = torch.tensor([seq.row for seq in seqs], device=logits.device)
+        return sample_step(logits.index_select(0, picked), [s.sampler for s in seqs]).tokens
+
+    def warm(self, shape: Shape) -> None:
+        """Run ``shape`` once on padding alone (padding rows write only to free rows)."""
+        dev = self.device.torch_device
+        ids = torch.zeros(shape.batch, shape.length if shape.phase == PREFILL else 1,
+                          dtype=torch.long, device=dev)
+        zeros = torch.zeros(shape.batch, dtype=torch.long, device=dev)
+        if shape.phase == PREFILL:
+            rows = torch.full_like(zeros, self.cache.scratch_row)
+            self._prefill(ids, rows, zeros)
+        else:
+            self._decode(ids, zeros)
+        self.device.mark_step()
+
+    # ------------------------------------------------------ prompt scores
+    def _score_prompts(self, seqs: Sequence[GaudiSequence], hidden: torch.Tensor
+                       ) -> tuple[torch.Tensor | None, list[tuple[GaudiSequence, int, int]]]:
+        """Score the prompts that ask, as one flat tensor for the step's one host transfer.
+
+        Position ``p``'s logits score prompt token ``p + 1``, over the raw logits
+        (no sampling parameter), so a prompt of n tokens has n - 1 scores.
+        Returns the tensor (per sequence: its log-probs, then ``top_n`` ids and
+        values per position) and, per scored sequence, (sequence, scores, top_n).
+        """
+        parts: list[torch.Tensor] = []
+        scored = []
+        for i, seq in enumerate(seqs):
+            n = seq.prompt_len - 1
+            if not seq.request.prompt_logprobs or n < 1:
+                continue
+            top_n = seq.request.sampling.top_n_tokens
+            targets = torch.tensor(seq.request.prompt_token_ids[1:], device=hidden.device)
+            chunks = [prompt_scores(self.head(hidden[i, a : min(a + SCORE_CHUNK, n)]),
+                                    targets[a : a + SCORE_CHUNK], top_n=top_n)
+                      for a in range(0, n, SCORE_CHUNK)]
+            top_n = chunks[0].top_ids.shape[1]
+            parts += [torch.cat([c.logprobs for c in chunks]).double(),
+                      torch.cat([c.top_ids for c in chunks]).flatten().double(),
+                      torch.cat([c.top_logprobs for c in chunks]).flatten().double()]
+            scored.append((seq, n, top_n))
+        return (torch.cat(parts) if parts else None), scored
+
+
+def _store_prompt_scores(scored: list[tuple[GaudiSequence, int, int]],
+                         carried: list[float]) -> None:
+    """Hand each scored sequence its part of the carried values (see ``_score_prompts``)."""
+    at = 0
+    for seq, n, top_n in scored:
+        seq.prompt_logprobs = carried[at : at + n]
+        ids = carried[at + n : at + n + n * top_n]
+        values = carried[at + n + n * top_n : at + n + 2 * n * top_n]
+        seq.prompt_top_tokens = [
+            tuple(TopToken(int(ids[p * top_n + j]), values[p * top_n + j]) for j in range(top_n))
+            for p in range(n)] if top_n else []
+        at += n + 2 * n * top_n

@@ -1,0 +1,134 @@
+"""``switchyard serve --engine gaudi --engine-option device=cpu`` with the real clients.
+
+One server for the module, on the default model in float32, with the seed's
+bucket variables set small (prompts padded to 128s, prefill batches to 2s,
+decode batches to 4s: 10 shapes, all warmed before it reports healthy). Every
+token and log-probability a client reads is checked against transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from text_generation import Client
+from transformers import AutoTokenizer
+
+from tests.conftest import LiveServer, start_server, stop_server
+
+from .conftest import generate_greedy
+
+PROMPTS = ["def fibonacci(n):", "x", "import sys\nimport os\n\nclass Config:\n" * 3]
+
+
+@pytest.fixture(scope="module")
+def gaudi_server(model_cache: Path, default_model_path: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = start_server(
+        model_cache, tmp_path_factory.mktemp("logs"), "--engine", "gaudi",
+        "--engine-option", "device=cpu", "--engine-option", "num_threads=1",
+        "--engine-option", "max_input_tokens=400", "--dtype", "float32",
+        "--max-total-tokens", "512", "--max-input-tokens", "400", "--max-batch-size", "8",
+        "--max-batch-prefill-tokens", "1024",
+        env={"PREFILL_BATCH_BUCKET_SIZE": "2", "BATCH_BUCKET_SIZE": "4"}, timeout=300)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path: Path):
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+def test_the_server_warmed_every_planned_shape_on_the_gaudi_engine(gaudi_server):
+    log = gaudi_server.log()
+    assert "engine gaudi" in log
+    assert "gaudi warmup: 10 shapes" in log and "(10 graphs compiled)" in log
+    info = httpx.get(f"{gaudi_server.url}/info", timeout=30).json()
+    assert info["max_total_tokens"] == 512
+
+
+def test_greedy_tokens_and_logprobs_are_transformers(gaudi_server, reference_llama, tokenizer):
+    """Three prompts of different lengths, concurrently, so they share padded batches."""
+    n = 12
+
+    def ours(prompt: str):
+        return Client(gaudi_server.url, timeout=120).generate(
+            prompt, max_new_tokens=n, decoder_input_details=True, top_n_tokens=2)
+
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(ours, PROMPTS))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        # The gateway lists the prompt only when it has scores: not for a one-token prompt.
+        assert [t.id for t in out.details.prefill] == (prompt_ids if len(prompt_ids) > 1 else [])
+        ids = [t.id for t in out.details.tokens]
+        want = generate_greedy(reference_llama, prompt_ids, n)
+        assert ids == want[: len(ids)]
+        assert len(ids) == n or out.details.finish_reason.value == "eos_token"
+        with torch.inference_mode():
+            logits = reference_llama(torch.tensor([prompt_ids + ids])).logits[0].float()
+        scores = torch.log_softmax(logits, dim=-1)
+        for step, token in enumerate(out.details.tokens):
+            row = scores[len(prompt_ids) - 1 + step]
+            assert abs(token.logprob - float(row[token.id])) < 1e-4
+            top = out.details.top_tokens[step]
+            assert [t.id for t in top] == row.topk(2).indices.tolist()
+        for i, token in enumerate(out.details.prefill[1:]):
+            assert abs(token.logprob - float(scores[i, token.id])) < 1e-4
+        assert out.generated_text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_streaming_equals_the_whole_answer(gaudi_server):
+    client = Client(gaudi_server.url, timeout=120)
+    events = list(client.generate_stream(PROMPTS[0], max_new_tokens=8))
+    whole = client.generate(PROMPTS[0], max_new_tokens=8)
+    assert [e.token.id for e in events] == [t.id for t in whole.details.tokens]
+    assert events[-1].generated_text == whole.generated_text
+    assert all(e.generated_text is None for e in events[:-1])
+
+
+def test_stop_sequences_end_the_text(gaudi_server):
+    client = Client(gaudi_server.url, timeout=120)
+    base = client.generate(PROMPTS[0], max_new_tokens=12).generated_text
+    assert len(base) >= 4
+    stop = base[2:4]
+    out = client.generate(PROMPTS[0], max_new_tokens=12, stop_sequences=[stop])
+    assert out.details.finish_reason.value == "stop_sequence"
+    assert out.generated_text.endswith(stop) and base.startswith(out.generated_text)
+
+
+def test_seeded_sampling_is_reproducible(gaudi_server):
+    client = Client(gaudi_server.url, timeout=120)
+    kw = dict(max_new_tokens=10, do_sample=True, temperature=0.9, top_k=50, top_p=0.9, seed=42)
+    a, b = client.generate(PROMPTS[0], **kw), client.generate(PROMPTS[0], **kw)
+    assert a.generated_text == b.generated_text and a.details.seed == 42
+    other = client.generate(PROMPTS[0], **{**kw, "seed": 7})
+    assert [t.id for t in other.details.tokens] != [t.id for t in a.details.tokens]
+
+
+def test_openai_sdk_chat_and_completions(gaudi_server):
+    client = openai.OpenAI(base_url=f"{gaudi_server.url}/v1", api_key="-", timeout=120)
+    messages = [{"role": "user", "content": "Hello"}]
+    whole = client.chat.completions.create(model="tgi", messages=messages, max_tokens=8,
+                                           temperature=0, logprobs=True, top_logprobs=2)
+    chunks = client.chat.completions.create(model="tgi", messages=messages, max_tokens=8,
+                                            temperature=0, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    entries = whole.choices[0].logprobs.content
+    assert entries and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+    assert all(e.logprob == e.top_logprobs[0].logprob for e in entries)  # greedy: the best
+    # Completions read the same engine: the tokens and log-probs TGI's route reports.
+    done = client.completions.create(model="tgi", prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                     logprobs=1)
+    tgi = Client(gaudi_server.url, timeout=120).generate(PROMPTS[0], max_new_tokens=6)
+    assert done.choices[0].text == tgi.generated_text
+    for ours, theirs in zip(done.choices[0].logprobs.token_logprobs, tgi.details.tokens,
+                            strict=True):
+        assert abs(ours - theirs.logprob) < 1e-6
