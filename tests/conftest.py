@@ -95,3 +95,20 @@ def server(default_model_path: Path, model_cache: Path,
                         "--max-total-tokens", "512", "--max-input-tokens", "400")
     yield live
     stop_server(live)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """Name the native kernel paths this run exercised on this CPU, and those it could not.
+
+    A wrapper around the terminal reporter's own summary, so the lines come after its
+    short test summary, right above the final counts.
+    """
+    yield
+    from tests import kernel_paths
+
+    lines = kernel_paths.summary()
+    if lines:
+        terminalreporter.section("kernel paths", sep="-")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -23,7 +23,6 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from switchyard.telemetry.exposition import format_number, render
-from switchyard.telemetry.metrics import DURATION_BUCKETS
 from tests.conftest import LiveServer, start_server, stop_server
 
 MODEL = "switchyard/tiny-llama"
@@ -253,9 +252,39 @@ def test_request_counts_match_what_was_sent(scrape, sent):
     assert scrape.value("tgi_request_mean_time_per_token_duration_count") == sent.successes
 
 
+# TGI's duration buckets, as its router defines them (router/src/server.rs): 35 bounds; a
+# value starts at 0.0001 and is multiplied by 1.5 before each bound is pushed, so the first
+# bound is 0.0001 * 1.5 and the last 0.0001 * 1.5**35 (about 146 s), each the float64 that
+# the repeated multiplication rounds to. Its exporter (metrics-exporter-prometheus) writes an
+# f64 as Rust's `Display` does: the shortest decimal that reads back as the same double, never
+# in exponent form. These are the `le` labels that gives, pinned here.
+TGI_DURATION_LE = [
+    "0.00015000000000000001", "0.00022500000000000002", "0.0003375", "0.00050625",
+    "0.000759375", "0.0011390624999999999", "0.0017085937499999998", "0.0025628906249999996",
+    "0.0038443359374999994", "0.00576650390625", "0.008649755859375", "0.0129746337890625",
+    "0.01946195068359375", "0.029192926025390625", "0.043789389038085935", "0.0656840835571289",
+    "0.09852612533569335", "0.14778918800354002", "0.22168378200531003", "0.33252567300796504",
+    "0.49878850951194753", "0.7481827642679213", "1.122274146401882", "1.683411219602823",
+    "2.5251168294042348", "3.787675244106352", "5.681512866159528", "8.52226929923929",
+    "12.783403948858936", "19.175105923288406", "28.76265888493261", "43.143988327398915",
+    "64.71598249109837", "97.07397373664756", "145.61096060497135", "+Inf",
+]
+
+
+def test_pinned_labels_follow_tgis_definition():
+    """The pinned labels are TGI's recipe: repeated multiplication, shortest round-trip text."""
+    from decimal import Decimal
+
+    value, labels = 0.0001, []
+    for _ in range(35):
+        value *= 1.5
+        labels.append(format(Decimal(repr(value)), "f"))  # shortest digits, positional
+    assert labels + ["+Inf"] == TGI_DURATION_LE
+    assert float(TGI_DURATION_LE[-2]) == pytest.approx(0.0001 * 1.5**35)
+
+
 def test_bucket_bounds_are_tgis(scrape):
-    expected = [format_number(b) for b in DURATION_BUCKETS] + ["+Inf"]
-    assert len(expected) == 36 and expected[0] == "0.00015000000000000001"
+    expected = TGI_DURATION_LE
     for name in ("tgi_request_duration", "tgi_request_queue_duration",
                  "tgi_request_inference_duration", "tgi_request_validation_duration",
                  "tgi_request_mean_time_per_token_duration", "tgi_batch_forward_duration"):

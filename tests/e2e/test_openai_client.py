@@ -70,6 +70,8 @@ def test_chat_seeded_sampling(client):
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
+    # Another seed samples other text: the seed is what made the two equal.
+    assert client.chat.completions.create(**{**kw, "seed": 8}).choices[0].message.content != a
 
 
 def test_completions(client):

@@ -73,6 +73,10 @@ def test_seeded_sampling_reproducible(server):
     a, b = client.generate(PROMPT, **kw), client.generate(PROMPT, **kw)
     assert a.generated_text == b.generated_text
     assert a.details.seed == 42
+    # The seed is what decides: another one samples other tokens (a sampler that ignored
+    # the seed would pass the lines above).
+    other = client.generate(PROMPT, **{**kw, "seed": 43})
+    assert [t.id for t in other.details.tokens] != [t.id for t in a.details.tokens]
 
 
 def test_stop_sequence_kept_in_text(server):

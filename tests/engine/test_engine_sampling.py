@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -99,6 +101,73 @@ def _hf_warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if p.typical_p < 1.0:
         scores = TypicalLogitsWarper(p.typical_p)(None, scores)
     return scores
+
+
+def _hf_kept_mass_before(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Each token's probability mass before it, exactly (float64), after temperature and
+    top-k, with the tokens in descending order of probability: where top-p cuts."""
+    scaled = scores.double() / p.temperature
+    if p.top_k:
+        kth = scaled.topk(p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    order = probs.argsort(descending=True)
+    before = torch.empty_like(probs)
+    before[order] = probs[order].cumsum(0) - probs[order]
+    return before
+
+
+CUT_TOLERANCE = 2e-5
+"""How far from ``top_p`` the exact mass before a token may lie for our kept set and
+transformers' to disagree on it. Both compute that mass in float32 over the whole
+vocabulary, in different orders (transformers sums the ascending probabilities, we the
+descending ones); at 49,152 tokens the two sums differ by a few 1e-6 (5.9e-6 at most in
+the rows below). A token whose mass before it is further from ``top_p`` than this is a
+real disagreement."""
+
+
+def test_warp_keeps_transformers_set_at_a_real_vocabulary_size():
+    """300 rows at SmolLM2's vocabulary (49,152 > CANDIDATES), the path every sampled
+    request on a real model takes, against transformers' warpers row by row.
+
+    Rows with top-k keep exactly transformers' set. A row with top-p and no top-k may
+    differ from it only at the cut, on tokens whose exact mass before them is within
+    float32 summation error (CUT_TOLERANCE) of top_p: 291 of these 300 rows match exactly,
+    the other 9 (all top-p without top-k) by one or two such tokens each; at least 95% must
+    match exactly. Kept tokens keep transformers' values exactly.
+    """
+    vocab, n = 49152, 300
+    gen = torch.Generator().manual_seed(49152)
+    rnd = random.Random(49152)
+    scale = torch.tensor([rnd.choice([1.0, 2.0, 3.0, 4.0, 6.0]) for _ in range(n)])
+    logits = torch.randn(n, vocab, generator=gen) * scale[:, None]
+    params = []
+    for _ in range(n):
+        top_k = rnd.choice([0, 0, 5, 20, 50, 100, 256, 400])
+        top_p = rnd.choice([1.0, 0.5, 0.8, 0.9, 0.95, 0.99])
+        if not top_k and top_p == 1.0:
+            top_p = 0.9
+        params.append(SamplingParams(do_sample=True, temperature=rnd.choice([0.5, 0.7, 1.0, 1.3]),
+                                     top_k=top_k, top_p=top_p))
+    ours = warp(logits, params)
+    on_candidates = exact = 0
+    for i, p in enumerate(params):
+        scaled = logits[i : i + 1] / p.temperature
+        on_candidates += not bool(filter_candidates(scaled, [p.top_k], [p.top_p]).exact[0])
+        expected = _hf_warp(logits[i : i + 1], p)[0]
+        kept, want = torch.isfinite(ours[i]), torch.isfinite(expected)
+        both = kept & want
+        assert torch.equal(ours[i][both], expected[both]), (i, p)
+        if torch.equal(kept, want):
+            exact += 1
+            continue
+        assert not p.top_k and p.top_p < 1.0, (i, p, "a row with top-k differs")
+        differ = (kept ^ want).nonzero()[:, 0]
+        off = (_hf_kept_mass_before(logits[i], p)[differ] - p.top_p).abs()
+        assert float(off.max()) < CUT_TOLERANCE, (i, p, differ.tolist(), off.tolist())
+    assert exact >= 0.95 * n, exact
+    # Most rows were decided on their candidates, not refiltered by a full sort.
+    assert on_candidates >= n // 2, on_candidates
 
 
 def test_top_p_only_samples_from_the_nucleus():

@@ -217,8 +217,10 @@ def test_open_loop_uniform_counts_and_window() -> None:
     # Sends at 0.0, 0.1, ..., 0.4 s; the rate is measured over the whole 0.5 s window.
     assert len(run.results) == 5 and all(r.ok for r in run.results)
     assert run.elapsed_s >= 0.5
-    capped = asyncio.run(go(msgspec.structs.replace(phase, max_requests=2)))
-    assert len(capped.results) == 2 and capped.elapsed_s < 0.5
+    # Capped at two sends (0.0 and 0.1 s) in a 20 s window: the run ends with its last
+    # send, not the window (2 s is twenty times what it needs).
+    capped = asyncio.run(go(msgspec.structs.replace(phase, max_requests=2, duration_s=20.0)))
+    assert len(capped.results) == 2 and capped.elapsed_s < 2.0
 
 
 def test_closed_loop_respects_the_request_cap() -> None:

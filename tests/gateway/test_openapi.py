@@ -3,18 +3,26 @@
 `spec/openapi.json` is what the app serves at `/openapi.json`; when a route or a
 wire type changes, regenerate it with `switchyard openapi -o spec/openapi.json`.
 
-The comparison with TGI's own document (`../shared/reference/tgi-openapi.json`)
-walks every TGI route we serve, its request body and its answers, resolves
-`$ref`s, and checks that every property TGI names is in ours with a compatible
-JSON type: a request we decode must accept whatever TGI accepts, an answer we
-send must be of a type TGI declares. Deliberate differences are listed in
-`DEVIATIONS` with their reason; an entry that no longer excuses anything fails
+The comparison with TGI's document walks every TGI route, its request body and
+its answers, and checks that every property TGI names is in ours with a
+compatible JSON type: a request we decode must accept whatever TGI accepts, an
+answer we send must be of a type TGI declares. Deliberate differences are listed
+in `DEVIATIONS` with their reason; an entry that no longer excuses anything fails
 the test, so the list stays true.
+
+TGI's side comes from `tests/gateway/data/tgi_openapi_facts.json`, in the
+repository, so a clone runs the comparison too: for each TGI route and method,
+the flattened shape of its request body and of each answer (JSON types, enum
+values, property names, required names, array items), extracted from TGI's
+document by `extract_facts`. Where TGI's document itself is beside the
+checkout (`../shared/reference/tgi-openapi.json`, as in CI), a test re-extracts
+the facts from it and fails when the file no longer matches.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "spec" / "openapi.json"
 TGI_DOCUMENT = ROOT.parent / "shared" / "reference" / "tgi-openapi.json"
 """TGI's own document, in the shared folder beside the repository (as in CI)."""
+TGI_FACTS = Path(__file__).resolve().parent / "data" / "tgi_openapi_facts.json"
+"""What the comparison needs from TGI's document, kept in the repository."""
+REEXTRACT = ('.venv/bin/python -c "from tests.gateway.test_openapi import write_facts; '
+             'write_facts()"')
 REGENERATE = "switchyard openapi -o spec/openapi.json"
 
 NOT_YET_SERVED: dict[str, str] = {}
@@ -325,62 +337,168 @@ def compare(tgi: Shape, ours: Shape, *, request: bool, where: str) -> Iterator[s
         yield from compare(tgi.items, ours.items, request=request, where=f"{where}[]")
 
 
-def compare_operation(method: str, path: str, tgi_doc: dict[str, Any],
+def compare_operation(method: str, path: str, tgi_facts: dict[str, Any],
                       our_doc: dict[str, Any]) -> list[str]:
     """Every problem of one route, each starting with `METHOD /path`."""
     where = f"{method.upper()} {path}"
     ours_item = our_doc["paths"].get(path, {})
     if method not in ours_item:
         return [f"{where}: not served"]
-    tgi_op, our_op = tgi_doc["paths"][path][method], ours_item[method]
+    tgi_op, our_op = tgi_facts["operations"][where], ours_item[method]
     problems: list[str] = []
-    tgi_body = tgi_op.get("requestBody", {}).get("content", {}).get("application/json")
-    if tgi_body is not None:
+    if tgi_op.get("request") is not None:
         our_body = our_op.get("requestBody", {}).get("content", {}).get("application/json")
         if our_body is None:
             problems.append(f"{where} request: no JSON body")
         else:
-            problems += compare(shape_of(tgi_body["schema"], tgi_doc),
+            problems += compare(shape_from_facts(tgi_op["request"]),
                                 shape_of(our_body["schema"], our_doc),
                                 request=True, where=f"{where} request ")
-    for status, tgi_response in tgi_op.get("responses", {}).items():
+    for status, tgi_media in tgi_op.get("responses", {}).items():
         ours = our_op.get("responses", {}).get(status)
         if ours is None:
             problems.append(f"{where} {status}: not documented")
             continue
-        for media, tgi_media in (tgi_response.get("content") or {}).items():
+        for media, tgi_shape in tgi_media.items():
             our_media = (ours.get("content") or {}).get(media)
             if our_media is None:
                 problems.append(f"{where} {status} {media}: not documented")
                 continue
-            problems += compare(shape_of(tgi_media.get("schema", {}), tgi_doc),
+            problems += compare(shape_from_facts(tgi_shape),
                                 shape_of(our_media.get("schema", {}), our_doc),
                                 request=False, where=f"{where} {status} {media} ")
     return problems
 
 
-def _tgi_document() -> dict[str, Any]:
-    return json.loads(TGI_DOCUMENT.read_text()) if TGI_DOCUMENT.exists() else {"paths": {}}
+# --- TGI's facts: extracted from its document, kept in the repository ---------
 
 
-# Without the shared folder there is nothing to compare with: the comparison
-# tests are then skipped (by `tgi_document`) rather than failing to collect.
-TGI_OPERATIONS = [(method, path) for path, item in sorted(_tgi_document()["paths"].items())
-                  for method in sorted(item)] or [("post", "/generate")]
+def shape_to_facts(shape: Shape, path: str = "$", required: bool = False) -> list[str]:
+    """A flattened shape as lines, one per value: `$.a.b[]: type|type [required] [enum [...]]`."""
+    line = f"{path}: {'|'.join(sorted(shape.types))}"
+    if required:
+        line += " required"
+    if shape.enum is not None:
+        line += " enum " + json.dumps(sorted(shape.enum, key=lambda v: (str(type(v)), str(v))))
+    lines = [line]
+    for name, prop in sorted(shape.properties.items()):
+        lines += shape_to_facts(prop, f"{path}.{name}", name in shape.required)
+    if shape.items is not None:
+        lines += shape_to_facts(shape.items, f"{path}[]")
+    return lines
+
+
+_FACT = re.compile(r"(\$[^:]*): ([^ ]*)( required)?(?: enum (.*))?")
+
+
+def shape_from_facts(lines: list[str]) -> Shape:
+    """The :class:`Shape` that :func:`shape_to_facts` wrote."""
+    shapes: dict[str, Shape] = {}
+    for line in lines:
+        match = _FACT.fullmatch(line)
+        assert match, f"unreadable fact: {line!r}"
+        path, types, required, enum = match.groups()
+        shape = Shape(types=set(types.split("|")) - {""},
+                      enum=set(json.loads(enum)) if enum else None)
+        shapes[path] = shape
+        if path.endswith("[]"):
+            shapes[path[:-2]].items = shape
+        elif path != "$":
+            parent, name = path.rsplit(".", 1)
+            shapes[parent].properties[name] = shape
+            if required:
+                shapes[parent].required.add(name)
+    return shapes["$"]
+
+
+def extract_facts(tgi_doc: dict[str, Any]) -> dict[str, Any]:
+    """What the comparison reads from TGI's document: routes, methods, flattened shapes."""
+    operations: dict[str, Any] = {}
+    for path, item in sorted(tgi_doc["paths"].items()):
+        for method, op in sorted(item.items()):
+            body = op.get("requestBody", {}).get("content", {}).get("application/json")
+            operations[f"{method.upper()} {path}"] = {
+                "request": None if body is None else shape_to_facts(
+                    shape_of(body["schema"], tgi_doc)),
+                "responses": {
+                    status: {media: shape_to_facts(shape_of(content.get("schema", {}), tgi_doc))
+                             for media, content in sorted((response.get("content") or {}).items())}
+                    for status, response in sorted(op.get("responses", {}).items())},
+            }
+    return {
+        "about": ("Facts from TGI's OpenAPI document (text-generation-inference "
+                  f"{tgi_doc.get('info', {}).get('version', '?')}): for each route and method, "
+                  "the JSON shape of its request body and of each answer by status and media "
+                  "type, flattened ($refs resolved, allOf merged, oneOf/anyOf united): JSON "
+                  "types, enum values, property names, required names, array items. "
+                  "Extracted by tests/gateway/test_openapi.py (extract_facts)."),
+        "operations": operations,
+    }
+
+
+def write_facts() -> None:
+    """Re-extract the facts file from TGI's document beside the checkout."""
+    facts = extract_facts(json.loads(TGI_DOCUMENT.read_text()))
+    TGI_FACTS.parent.mkdir(parents=True, exist_ok=True)
+    TGI_FACTS.write_text(json.dumps(facts, indent=1) + "\n")
+
+
+def _tgi_facts() -> dict[str, Any]:
+    return json.loads(TGI_FACTS.read_text()) if TGI_FACTS.exists() else {"operations": {}}
+
+
+# A missing facts file fails the tests (by `tgi_facts`) instead of breaking collection.
+TGI_OPERATIONS = [(where.split(" ", 1)[0].lower(), where.split(" ", 1)[1])
+                  for where in sorted(_tgi_facts()["operations"])] or [("post", "/generate")]
 
 
 @pytest.fixture(scope="module")
-def tgi_document() -> dict[str, Any]:
-    if not TGI_DOCUMENT.exists():
-        pytest.skip(f"TGI's OpenAPI document is not at {TGI_DOCUMENT}")
-    return _tgi_document()
+def tgi_facts() -> dict[str, Any]:
+    assert TGI_FACTS.exists(), f"{TGI_FACTS} is missing: extract it with `{REEXTRACT}`"
+    return _tgi_facts()
 
 
 @pytest.fixture(scope="module")
-def all_problems(tgi_document: dict[str, Any], app_document: dict[str, Any]) -> list[str]:
+def all_problems(tgi_facts: dict[str, Any], app_document: dict[str, Any]) -> list[str]:
     """Every problem of every TGI route we serve."""
     return [problem for method, path in TGI_OPERATIONS if path in app_document["paths"]
-            for problem in compare_operation(method, path, tgi_document, app_document)]
+            for problem in compare_operation(method, path, tgi_facts, app_document)]
+
+
+def test_facts_match_tgis_document(tgi_facts: dict[str, Any]) -> None:
+    """The facts file says what TGI's document says (checked where the document is at hand)."""
+    if not TGI_DOCUMENT.exists():
+        pytest.skip(f"TGI's OpenAPI document is not at {TGI_DOCUMENT}: the facts file stands in")
+    fresh = extract_facts(json.loads(TGI_DOCUMENT.read_text()))
+    assert tgi_facts == json.loads(json.dumps(fresh)), (
+        f"{TGI_FACTS.name} is stale: re-extract it with `{REEXTRACT}`")
+
+
+def test_facts_read_back_as_the_shapes_they_were_written_from(
+        app_document: dict[str, Any]) -> None:
+    """Every body and answer shape of our own document survives the facts' line format."""
+    facts = extract_facts(app_document)
+    for where, op in facts["operations"].items():
+        shapes = [op["request"]] if op["request"] is not None else []
+        shapes += [lines for media in op["responses"].values() for lines in media.values()]
+        for lines in shapes:
+            assert shape_to_facts(shape_from_facts(lines)) == lines, where
+
+
+def test_facts_cover_the_routes_the_readme_claims(tgi_facts: dict[str, Any]) -> None:
+    """A clone compares the TGI routes the docs list, with their bodies' field names."""
+    operations = tgi_facts["operations"]
+    for where in ("POST /generate", "POST /generate_stream", "POST /", "POST /tokenize",
+                  "POST /v1/chat/completions", "POST /v1/completions", "GET /info",
+                  "GET /health", "GET /metrics", "GET /v1/models"):
+        assert where in operations, where
+    generate = operations["POST /generate"]
+    request = shape_from_facts(generate["request"])
+    assert {"inputs", "parameters"} <= set(request.properties) and "inputs" in request.required
+    assert {"max_new_tokens", "do_sample", "watermark", "seed"} <= set(
+        request.properties["parameters"].properties)
+    answer = shape_from_facts(generate["responses"]["200"]["application/json"])
+    assert "generated_text" in answer.properties
 
 
 def _excuse(problem: str) -> str | None:
@@ -389,11 +507,11 @@ def _excuse(problem: str) -> str | None:
 
 @pytest.mark.parametrize(("method", "path"), TGI_OPERATIONS,
                          ids=[f"{m.upper()} {p}" for m, p in TGI_OPERATIONS])
-def test_tgi_route_is_served_compatibly(method: str, path: str, tgi_document: dict[str, Any],
+def test_tgi_route_is_served_compatibly(method: str, path: str, tgi_facts: dict[str, Any],
                                         app_document: dict[str, Any]) -> None:
     if path not in app_document["paths"] and path in NOT_YET_SERVED:
         pytest.skip(f"not served yet: {NOT_YET_SERVED[path]}")
-    problems = compare_operation(method, path, tgi_document, app_document)
+    problems = compare_operation(method, path, tgi_facts, app_document)
     unexcused = [p for p in problems if _excuse(p) is None]
     assert not unexcused, "incompatible with TGI's OpenAPI document:\n" + "\n".join(unexcused)
 

@@ -26,6 +26,7 @@ from switchyard_xeon.linears import (
     pack_linears,
 )
 
+from tests import kernel_paths
 from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
 
@@ -90,6 +91,7 @@ def kernel() -> Callable[..., torch.Tensor]:
 
 @pytest.mark.parametrize("dtype,dim,heads,kv_heads,lens,window", CASES)
 def test_native_kernel_matches_the_definition(kernel, dtype, dim, heads, kv_heads, lens, window):
+    kernel_paths.require("paged_attention")
     q, k, v, tables, n = random_case(dtype, dim, heads, kv_heads, lens)
     got = kernel(q, k, v, tables, n, dim**-0.5, window)
     want = naive_decode(q, k, v, tables, n, dim**-0.5, window)
@@ -110,6 +112,7 @@ def test_portable_path_matches_the_definition(dtype, dim, heads, kv_heads, lens,
 @pytest.mark.parametrize("dim,window", [(64, 0), (64, 9), (80, 0)])  # the 64 path and the generic
 def test_kernel_reads_bf16_pools_under_an_fp32_query(kernel, dim, window):
     """The bf16 matmul mode's cache: bf16 pools, fp32 queries and output."""
+    kernel_paths.require("paged_attention")
     q, k, v, tables, n = random_case(torch.float32, dim, 6, 2, [1, 17, 40], seed=3)
     k, v = k.bfloat16(), v.bfloat16()
     got = kernel(q, k, v, tables, n, dim**-0.5, window)
@@ -162,6 +165,7 @@ def test_fused_projections_give_the_same_logits(bias, panels, kernel):
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 97, 200])  # micro-kernel tails, row chunks
 @pytest.mark.parametrize("out_features", [1, 16, 45, 130])  # whole and ragged panels
 def test_panel_linear_matches_f_linear(kernel, rows, out_features):
+    kernel_paths.require("panel_gemm fp32")
     gen = torch.Generator().manual_seed(rows * 1000 + out_features)
     linear = torch.nn.Linear(72, out_features)
     with torch.no_grad():
@@ -201,6 +205,7 @@ def test_holds_bf16_tells_bf16_checkpoints_from_fp32_ones():
 
 @pytest.mark.parametrize("rows", [1, 6, 7, 96, 97, 200])  # widened in registers / in a buffer
 def test_bf16_valued_panels_are_stored_as_bf16_with_the_same_results(kernel, rows):
+    kernel_paths.require("panel_gemm bf16-stored")
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(45, 72, generator=gen).bfloat16().float()
     bias = torch.randn(45, generator=gen)
@@ -232,28 +237,40 @@ def test_pack_report_counts_narrowed_panels(kernel):
 @pytest.fixture
 def bf16_dot(kernel):
     """The bf16 dot-product panels; skips where the kernels were built without AVX512_BF16."""
-    if not load_kernels().bf16_dot:
-        pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
+    kernel_paths.require("panel_dot bf16")
     return torch.ops.switchyard_xeon
 
 
+@pytest.mark.parametrize("path", ["panel_dot bf16", "panel_gemm bf16-stored"])
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 97, 600])  # micro-kernel tails, row chunks of 512
 @pytest.mark.parametrize("out_features", [1, 16, 45, 130])  # ragged, odd and even panel counts
 @pytest.mark.parametrize("in_features", [72, 9])  # whole k pairs, a padded last pair
-def test_bf16_dot_panels_are_a_bf16_matmul(bf16_dot, rows, out_features, in_features):
+def test_panels_over_bf16_weights_are_their_matmul(kernel, path, rows, out_features,
+                                                   in_features):
+    """bf16 weights on either ISA: the dot-product panels (AVX512_BF16) round the inputs
+    to bf16 too; their AVX2 twin, the fp32 panel GEMM over bf16-stored weights, keeps
+    them fp32. Each is its matmul, fp32 sums and bias, to summation order."""
+    kernel_paths.require(path)
     gen = torch.Generator().manual_seed(rows * 1000 + out_features + in_features)
     weight = torch.randn(out_features, in_features, generator=gen)
     bias = torch.randn(out_features, generator=gen)
-    panel = PanelLinear(weight, bias, bf16_dot=True)
-    assert panel.packed_weight.dtype == torch.bfloat16 and "bf16 dot products" in repr(panel)
     x = torch.randn(rows, in_features, generator=gen)
-    # bf16 inputs and weights, fp32 sums and bias: only the summation order differs.
-    want = torch.nn.functional.linear(x.bfloat16().float(), weight.bfloat16().float(), bias)
+    narrow = weight.bfloat16().float()
+    if path == "panel_dot bf16":
+        panel = PanelLinear(weight, bias, bf16_dot=True)
+        assert panel.packed_weight.dtype == torch.bfloat16 and "bf16 dot products" in repr(panel)
+        inputs = x.bfloat16().float()
+    else:
+        panel = PanelLinear(narrow, bias)  # a bf16 checkpoint loaded in fp32
+        assert panel.narrowed and panel.packed_weight.dtype == torch.bfloat16
+        inputs = x
+    want = torch.nn.functional.linear(inputs.double(), narrow.double(), bias.double())
     with torch.inference_mode():
         got = panel(x)
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
-        assert not torch.allclose(got, torch.nn.functional.linear(x, weight, bias), atol=1e-5,
-                                  rtol=0)  # it really rounds: not the fp32 product
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
+        if path == "panel_dot bf16":
+            assert not torch.allclose(got, torch.nn.functional.linear(x, weight, bias),
+                                      atol=1e-5, rtol=0)  # it really rounds: not the fp32 product
 
 
 def test_bf16_dot_panels_reject_mismatched_inputs(bf16_dot):

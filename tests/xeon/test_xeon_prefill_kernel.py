@@ -1,7 +1,10 @@
-"""The native paged prefill attention kernel against its PyTorch reference.
+"""Prefill attention over the paged cache: the native kernel and its twin, SDPA per sequence.
 
-Engine-level greedy parity through it (chunked prefill, windows, four
-families) is in ``test_xeon_decoder.py``, whose models have head_dim 64.
+Both are checked against the float64 definition written out here, in one test
+parametrised over the two paths: an AVX-512 build runs both, an AVX2 build (no
+native prefill kernel) the SDPA path the engine takes there. Engine-level greedy
+parity through them (chunked prefill, windows, four families) is in
+``test_xeon_decoder.py``, whose models have head_dim 64.
 """
 
 from __future__ import annotations
@@ -9,18 +12,60 @@ from __future__ import annotations
 import pytest
 import torch
 
+from switchyard_xeon.attention import StepMetadata, attend_packed
 from switchyard_xeon.kernels import load_kernels
-from switchyard_xeon.kernels.reference import paged_prefill_reference
+from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
 
+from tests import kernel_paths
 from tests.xeon.test_xeon_fast_path import random_case
 
 
 @pytest.fixture
 def prefill():
-    kernel = load_kernels().prefill
-    if kernel is None:
-        pytest.skip(f"no native prefill kernel here ({load_kernels().reason}; AVX-512 builds only)")
-    return kernel
+    kernel_paths.require("paged_prefill")
+    return load_kernels().prefill
+
+
+def naive_prefill(q, k_pool, v_pool, tables, lens, starts, counts, scale, window):
+    """Row by row, head by head, in float64: row ``r`` of a sequence of ``n`` new tokens and
+    ``L`` cached ones sits at position ``L - n + r`` and attends to the positions up to its
+    own (within ``window`` when > 0); a query head shares the key head of its group."""
+    _, heads, dim = q.shape
+    kv_heads, _, block, _ = k_pool.shape
+    out = {}
+    for s in range(len(lens)):
+        length, start, n = int(lens[s]), int(starts[s]), int(counts[s])
+        pos = torch.arange(length)
+        slots = tables[s].long()[pos // block] * block + pos % block
+        for r in range(n):
+            at = length - n + r
+            first = max(0, at - window + 1) if window else 0
+            for h in range(heads):
+                kvh = h // (heads // kv_heads)
+                keys = k_pool[kvh].reshape(-1, dim)[slots[first : at + 1]].double()
+                values = v_pool[kvh].reshape(-1, dim)[slots[first : at + 1]].double()
+                weights = torch.softmax(keys @ q[start + r, h].double() * scale, dim=0)
+                out[start + r, h] = weights @ values
+    return out
+
+
+def sdpa_prefill(q, k_pool, v_pool, tables, lens, starts, counts, scale, window):
+    """The engine's path without the native kernel: its attention over a one-layer cache."""
+    kv_heads, blocks, block, dim = k_pool.shape
+    cache = PagedKVCache(CacheShape(1, kv_heads, dim), k_pool.dtype, blocks, block)
+    cache.keys[0], cache.values[0] = k_pool, v_pool
+    spans, used, own = [], [], []
+    for s in range(len(lens)):
+        width = -(-int(lens[s]) // block)
+        spans.append((len(used), width))
+        used += tables[s, :width].tolist()
+    step = StepMetadata(cache=cache, slots=torch.empty(0, dtype=torch.long),
+                        blocks=torch.tensor(used, dtype=torch.long), spans=spans,
+                        context_lens=[int(n) for n in lens], query_lens=[int(n) for n in counts],
+                        offsets=[int(n) for n in starts])
+    # The new keys and values are read from the cache (every sequence has a span), not these.
+    unused = torch.empty(kv_heads, q.shape[0], dim)
+    return attend_packed(0, q.transpose(0, 1), unused, unused, step, scale, window or None)
 
 
 def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[int],
@@ -37,20 +82,25 @@ def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[in
             torch.tensor(counts, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("path", ["paged_prefill", "sdpa"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("window", [0, 3, 40])
-def test_prefill_kernel_matches_the_reference(prefill, pool_dtype, dim, window):
+def test_prefill_attention_matches_the_definition(path, pool_dtype, dim, window):
+    if path == "paged_prefill":
+        kernel_paths.require("paged_prefill")
+        attend = load_kernels().prefill
+    else:
+        attend = sdpa_prefill
     gen = torch.Generator().manual_seed(dim + window)
     # Fresh prompts (count == length, one longer than a row chunk of 16), chunks
     # after cached context, a single row after a long context.
     lens, counts = [37, 5, 20, 1, 60], [37, 5, 9, 1, 1]
     q, k, v, tables, lens_t, starts, counts_t = _case(gen, pool_dtype, dim, lens, counts)
     args = (q, k, v, tables, lens_t, starts, counts_t, dim**-0.5, window)
-    got, want = prefill(*args), paged_prefill_reference(*args)
-    for start, n in zip(starts.tolist(), counts, strict=True):
-        torch.testing.assert_close(got[start : start + n], want[start : start + n],
-                                   atol=2e-5, rtol=1e-4)
+    got, want = attend(*args), naive_prefill(*args)
+    for (row, head), value in want.items():
+        torch.testing.assert_close(got[row, head].double(), value, atol=2e-5, rtol=1e-4)
 
 
 def test_prefill_kernel_rejects_bad_inputs(prefill):
