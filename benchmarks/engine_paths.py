@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("gateway", "spec", "plugins/xeon"):
+for sub in ("gateway", "spec", "plugins/xeon", "plugins/quant"):
     sys.path.insert(0, str(ROOT / sub))
 
 from switchyard_spec import (  # noqa: E402
@@ -40,6 +40,7 @@ from switchyard_spec import (  # noqa: E402
     StoppingParams,
     TokenEvent,
 )
+from switchyard.plugins import PluginHost  # noqa: E402
 from switchyard_xeon.engine import XeonEngine  # noqa: E402
 
 
@@ -137,9 +138,13 @@ def measure_one(args: argparse.Namespace) -> None:
     """In this process: start the one variant's engine, run each wave once, print JSON rows."""
     name, options = parse_variant(args.variant[0])
     quantize = options.pop("quantize", None)  # an EngineConfig field, not an option
+    # The method as `switchyard serve` finds it: from the installed plugins, for this engine.
+    host = PluginHost.from_entry_points()
+    quantization = host.resolve_quantization(quantize, host.engines()["xeon"])
     engine = XeonEngine(EngineConfig(model_path=args.model, dtype=args.dtype,
                                      max_total_tokens=args.prompt_tokens + args.new_tokens,
-                                     quantize=quantize, options=options))
+                                     quantize=quantize, quantization=quantization,
+                                     options=options))
     engine.start()
     try:
         engine.warmup()

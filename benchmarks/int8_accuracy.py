@@ -1,8 +1,9 @@
-"""What ``--quantize int8`` costs in accuracy and saves in memory, against bf16, on one model.
+"""What ``--quantize int8`` (or int4) costs in accuracy and saves in memory, against bf16.
 
-Loads a model folder with transformers in fp32 and makes two copies whose
+Loads a model folder with transformers in fp32 and makes copies whose
 linears are the engine's own (``pack_linears``): bf16 dot-product panels (the
-``--dtype bfloat16`` mode) and int8 panels (``--quantize int8``). For a set
+``--dtype bfloat16`` mode) and the panels of each ``--methods`` entry
+(``--quantize int8``, ``int4``, ...; the installed plugins' methods). For a set
 of prompts it reports, against the fp32 model: the relative error of the
 logits at every position, and how often the argmax agrees (teacher-forced,
 so one flip does not count twice); and each copy's linear weight bytes.
@@ -26,17 +27,20 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("gateway", "spec", "plugins/xeon"):
+for sub in ("gateway", "spec", "plugins/xeon", "plugins/quant"):
     sys.path.insert(0, str(ROOT / sub))
 
+from switchyard.plugins import PluginHost  # noqa: E402
 from switchyard_xeon.kernels import load_kernels  # noqa: E402
 from switchyard_xeon.linears import PanelLinear, pack_linears  # noqa: E402
 
 
-def packed_copy(model: torch.nn.Module, int8: bool) -> torch.nn.Module:
-    """A copy of fp32 ``model`` with the engine's bf16 (or int8) dot-product linears."""
+def packed_copy(model: torch.nn.Module, quantize: str | None) -> torch.nn.Module:
+    """A copy of fp32 ``model`` with the engine's bf16 dot-product linears, quantized by a method."""
     twin = copy.deepcopy(model)
-    report = pack_linears(twin, panels=True, bf16_dot=True, int8=int8)
+    host = PluginHost.from_entry_points()
+    method = host.resolve_quantization(quantize, host.engines()["xeon"])
+    report = pack_linears(twin, panels=True, bf16_dot=True, quantization=method)
     if not report.bf16_dot:
         sys.exit(f"the dot-product panels did not pack: {report.reason}")
     return twin
@@ -52,13 +56,16 @@ def main() -> None:
     parser.add_argument("--model", default="/tmp/bench-models/small-bf16")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=256, help="tokens per prompt")
+    parser.add_argument("--methods", nargs="+", default=["int8"],
+                        help="--quantize methods to compare with bf16 (int8, int4, int4-g64, ...)")
     args = parser.parse_args()
     if not load_kernels().bf16_dot:
         sys.exit("needs the AVX512_BF16 dot-product kernels: " + load_kernels().reason)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    copies = {"bf16": packed_copy(model, int8=False), "int8": packed_copy(model, int8=True)}
+    copies = {name: packed_copy(model, None if name == "bf16" else name)
+              for name in ("bf16", *args.methods)}
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = torch.randint(3, vocab, (args.prompts, args.tokens), generator=gen)

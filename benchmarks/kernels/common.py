@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-for sub in ("gateway", "spec", "plugins/xeon"):
+for sub in ("gateway", "spec", "plugins/xeon", "plugins/quant"):
     p = str(REPO / sub)
     if p not in sys.path:
         sys.path.insert(0, p)

@@ -14,7 +14,9 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 weights stored as bf16 (fp32 math), ``panel:dot`` the AVX512_BF16 kernel
 (``kernels/panel_dot_bf16.cpp``: bf16 weights and inputs, fp32 sums),
 ``panel:int8`` that kernel over int8 weights with per-feature scales (the
-engine's ``--quantize int8``). ``int8`` is PyTorch's weight-only int8 with
+engine's ``--quantize int8``), ``panel:int4`` (``panel:int4:G``) the uint4
+kernel (``kernels/panel_dot_uint4.cpp``: a scale and zero point per group
+of 128 (G) weights along K; ``--quantize int4``). ``int8`` is PyTorch's weight-only int8 with
 per-row scales (``torch._weight_int8pack_mm``),
 and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
 W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
@@ -97,6 +99,21 @@ def step_shapes(cfg: dict = SMALL) -> list[tuple[int, int]]:
     return layer * cfg["layers"] + [(cfg["vocab"], h)]
 
 
+def quantized_panels(name: str, weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` quantized by the quant plugin's method and packed as the engine packs it.
+
+    ``panel:int8``; ``panel:int4`` (groups of 128) or ``panel:int4:G`` (G = 32, 64, 128).
+    """
+    from switchyard_quant.int4 import quantize_uint4
+    from switchyard_quant.int8 import quantize_int8
+    from switchyard_xeon.quantized import pack_quantized
+
+    if name == "panel:int8":
+        return pack_quantized(quantize_int8(weight))
+    group = int(name.split(":")[2]) if name.count(":") == 2 else 128
+    return pack_quantized(quantize_uint4(weight, group))
+
+
 def variant(name: str, weight: torch.Tensor) -> Matmul:
     """A callable x -> x @ weight.T for the variant ``name``."""
     if name == "F.linear":
@@ -109,7 +126,8 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     if name == "gemv":
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
-    if name in ("panel", "panel:bf16", "panel:dot", "panel:int8"):  # the engine's kernels
+    if name in ("panel", "panel:bf16", "panel:dot") or name.startswith(("panel:int8",
+                                                                          "panel:int4")):
         from switchyard_xeon.kernels import load_kernels
 
         assert load_kernels().fn is not None, load_kernels().reason
@@ -117,11 +135,8 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
         stored = weight.to(torch.bfloat16) if name == "panel:bf16" else weight
         if name == "panel:dot":
             panels = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
-        elif name == "panel:int8":
-            from switchyard_xeon.quantization import quantize_int8
-
-            quantized = quantize_int8(weight)
-            panels = torch.ops.switchyard_xeon.pack_panels_int8_dot(quantized.q, quantized.scale)
+        elif name.startswith(("panel:int8", "panel:int4")):
+            panels = quantized_panels(name, weight)
         else:
             panels = torch.ops.switchyard_xeon.pack_panels(stored)
         return lambda x: torch.ops.switchyard_xeon.panel_linear(x, panels, None, weight.shape[0])

@@ -43,7 +43,8 @@ def main() -> None:
 @click.option("-p", "--port", envvar="PORT", type=int, default=8080, show_default=True)
 @click.option("--dtype", envvar="DTYPE", default="auto", show_default=True,
               type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
-@click.option("--quantize", envvar="QUANTIZE", default=None)
+@click.option("--quantize", envvar="QUANTIZE", default=None,
+              help="A quantization method (see `switchyard plugins`), e.g. int8 or int4.")
 @click.option("--max-input-tokens", "--max-input-length", envvar="MAX_INPUT_TOKENS", type=int,
               default=0, help="Default: max-total-tokens - 1.")
 @click.option("--max-total-tokens", envvar="MAX_TOTAL_TOKENS", type=int, default=0,
@@ -107,7 +108,7 @@ def serve(**options: object) -> None:
 
 @main.command()
 def plugins() -> None:
-    """List installed plugins, their engines and whether each engine's device is present."""
+    """List installed plugins, their engines (is the device present?) and quantization methods."""
     from switchyard.plugins import PluginHost
 
     host = PluginHost.from_entry_points()
@@ -123,11 +124,13 @@ def plugins() -> None:
         detail = f" ({row.device.detail})" if row.device.detail else ""
         click.echo(f"  {row.engine:<12} plugin={row.plugin} device present={mark}: "
                    f"{row.device.name}{detail}")
-    methods = host.quantization_methods()
+    methods = host.quantization_support()
     if methods:
-        click.echo("quantization methods:")
-        for name, method in methods.items():
-            click.echo(f"  {name:<12} {method.description}")
+        click.echo("quantization methods (--quantize):")
+        for row in methods:
+            engines = ", ".join(row.engines) or "none installed"
+            click.echo(f"  {row.method:<12} plugin={row.plugin} formats={','.join(row.formats)} "
+                       f"engines={engines}: {row.description}")
 
 
 @main.command()

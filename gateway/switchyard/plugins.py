@@ -5,6 +5,11 @@ else calls `pm.hook`. Plugins are found through the `switchyard.plugins`
 entry-point group; `SWITCHYARD_PLUGINS` (allow list) and
 `SWITCHYARD_DISABLE_PLUGINS` (block list), both comma-separated entry-point
 names, choose which of the installed ones load.
+
+Quantization methods and engines meet here: a method declares the weight
+formats it produces, an engine the formats its kernels run, and
+`resolve_quantization` refuses a `--quantize` the chosen engine cannot run
+before the engine is built.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from switchyard_spec import (
     EngineSpec,
     PluginConflictError,
     QuantizationMethod,
+    UnsupportedQuantizationError,
     hookspecs,
 )
 
@@ -50,6 +56,18 @@ class EngineAvailability(msgspec.Struct, frozen=True, kw_only=True):
     description: str
     priority: int
     device: DeviceInfo
+
+
+class MethodSupport(msgspec.Struct, frozen=True, kw_only=True):
+    """A quantization method, its plugin, its formats and the engines that run them."""
+
+    method: str
+    plugin: str
+    description: str
+    formats: tuple[str, ...]
+    """Names of the weight formats the method produces."""
+    engines: tuple[str, ...]
+    """Installed engines that run at least one of those formats."""
 
 
 def _names_from_env(var: str) -> set[str] | None:
@@ -114,18 +132,61 @@ class PluginHost:
 
     def quantization_methods(self) -> dict[str, QuantizationMethod]:
         """Every declared quantization method by name; duplicates are an error."""
-        found: dict[str, QuantizationMethod] = {}
-        owners: dict[str, str] = {}
+        return {name: method for name, (method, _) in self._methods().items()}
+
+    def _methods(self) -> dict[str, tuple[QuantizationMethod, str]]:
+        """Each method by name, with the plugin that declared it."""
+        found: dict[str, tuple[QuantizationMethod, str]] = {}
         for impl in self._pm.hook.switchyard_quantization_methods.get_hookimpls():
             for method in impl.function() or []:
                 if method.name in found:
                     raise PluginConflictError(
                         f"quantization method {method.name!r} is declared by both plugin "
-                        f"{owners[method.name]!r} and plugin {impl.plugin_name!r}"
+                        f"{found[method.name][1]!r} and plugin {impl.plugin_name!r}"
                     )
-                found[method.name] = method
-                owners[method.name] = impl.plugin_name
+                found[method.name] = (method, impl.plugin_name)
         return found
+
+    def quantization_support(self) -> list[MethodSupport]:
+        """Every quantization method with the installed engines that can run it, by name."""
+        engines = self.engines()
+        rows = []
+        for name, (method, plugin) in sorted(self._methods().items()):
+            rows.append(MethodSupport(
+                method=name, plugin=plugin, description=method.description,
+                formats=tuple(f.name for f in method.formats),
+                engines=tuple(e for e, spec in engines.items() if _runs(spec, method)),
+            ))
+        return rows
+
+    def resolve_quantization(self, name: str | None,
+                             engine: EngineSpec) -> QuantizationMethod | None:
+        """The method ``--quantize`` names, if ``engine`` runs one of its formats; None for no name.
+
+        Raises `UnsupportedQuantizationError`, naming the methods ``engine``
+        can run, when no plugin declares ``name`` or when ``engine`` runs none
+        of its formats. Called before the engine is built, so a wrong
+        ``--quantize`` costs no weight loading.
+        """
+        if name is None:
+            return None
+        methods = self.quantization_methods()
+        runnable = ", ".join(
+            f"{m.name} ({'/'.join(f.name for f in m.formats)})"
+            for m in sorted(methods.values(), key=lambda m: m.name) if _runs(engine, m)
+        ) or "none"
+        if name not in methods:
+            hint = "" if methods else "; install switchyard-quant for int8 and int4"
+            raise UnsupportedQuantizationError(
+                f"--quantize {name!r}: no installed plugin declares that quantization method; "
+                f"engine {engine.name!r} can run: {runnable}{hint}")
+        method = methods[name]
+        if not _runs(engine, method):
+            formats = ", ".join(f.name for f in method.formats)
+            raise UnsupportedQuantizationError(
+                f"--quantize {name!r} produces {formats} weights, which engine {engine.name!r} "
+                f"has no kernels for; it can run: {runnable}")
+        return method
 
     def availability(self) -> list[EngineAvailability]:
         """Every engine with the answer of its device probe, best priority first."""
@@ -163,3 +224,8 @@ class PluginHost:
             "no installed engine has its device present; install a hardware plugin "
             "such as switchyard-xeon (see `switchyard plugins`)"
         )
+
+
+def _runs(engine: EngineSpec, method: QuantizationMethod) -> bool:
+    """Whether ``engine`` declares a kernel for at least one of ``method``'s formats."""
+    return any(f in engine.weight_formats for f in method.formats)

@@ -10,8 +10,18 @@ from switchyard_spec.errors import (
     EngineStartError,
     PluginConflictError,
     SwitchyardError,
+    UnsupportedQuantizationError,
 )
 from switchyard_spec.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME, hookimpl, hookspec
+from switchyard_spec.quantization import (
+    INT8_PER_CHANNEL,
+    UINT4_GROUP_SIZES,
+    Packing,
+    QuantizationMethod,
+    QuantizedWeight,
+    WeightFormat,
+    uint4_group_asym,
+)
 from switchyard_spec.types import (
     DeviceInfo,
     EngineConfig,
@@ -21,7 +31,6 @@ from switchyard_spec.types import (
     EventSink,
     FinishReason,
     ModelInfo,
-    QuantizationMethod,
     SamplingParams,
     StepObserver,
     StepReport,
@@ -33,7 +42,9 @@ from switchyard_spec.types import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "INT8_PER_CHANNEL",
     "PROJECT_NAME",
+    "UINT4_GROUP_SIZES",
     "DeviceInfo",
     "Engine",
     "EngineConfig",
@@ -45,8 +56,10 @@ __all__ = [
     "EventSink",
     "FinishReason",
     "ModelInfo",
+    "Packing",
     "PluginConflictError",
     "QuantizationMethod",
+    "QuantizedWeight",
     "SamplingParams",
     "StepObserver",
     "StepReport",
@@ -54,7 +67,10 @@ __all__ = [
     "SwitchyardError",
     "TokenEvent",
     "TopToken",
+    "UnsupportedQuantizationError",
     "WarmupReport",
+    "WeightFormat",
     "hookimpl",
     "hookspec",
+    "uint4_group_asym",
 ]

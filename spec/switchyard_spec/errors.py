@@ -17,3 +17,11 @@ class EngineStartError(SwitchyardError):
 
 class EngineNotFoundError(SwitchyardError):
     """No installed engine has the requested name, or none has its device present."""
+
+
+class UnsupportedQuantizationError(SwitchyardError):
+    """``--quantize`` names no installed method, or one the chosen engine cannot run.
+
+    Raised by the gateway at start-up, before the engine is built; the message
+    lists the methods that engine can run.
+    """

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pluggy
 
-from switchyard_spec.types import EngineSpec, QuantizationMethod
+from switchyard_spec.quantization import QuantizationMethod
+from switchyard_spec.types import EngineSpec
 
 PROJECT_NAME = "switchyard"
 ENTRY_POINT_GROUP = "switchyard.plugins"
@@ -33,8 +34,12 @@ def switchyard_engines() -> list[EngineSpec]:
 
 @hookspec
 def switchyard_quantization_methods() -> list[QuantizationMethod]:
-    """Declare quantization methods that engines can apply to loaded weights.
+    """Declare quantization methods: how to turn a float weight into a quantized format.
 
     Return one ``QuantizationMethod`` per method, named as users pass it to
-    ``--quantize``. Duplicate names stop the server at start-up.
+    ``--quantize``, with the ``WeightFormat`` records its ``quantize`` returns.
+    Engines never import the plugin that declares a method: the gateway finds
+    it by name, checks that the chosen engine runs one of its formats
+    (``EngineSpec.weight_formats``), and hands it over in
+    ``EngineConfig.quantization``. Duplicate names stop the server at start-up.
     """

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from switchyard_spec.quantization import QuantizationMethod, WeightFormat
+
 if TYPE_CHECKING:
     from switchyard_spec.engine import Engine
 
@@ -190,6 +192,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_batch_total_tokens: int = 0
     quantize: str | None = None
     """Name of a quantization method declared through ``switchyard_quantization_methods``."""
+    quantization: QuantizationMethod | None = None
+    """The method ``quantize`` names, found by the gateway among the installed plugins
+    and checked against this engine's ``EngineSpec.weight_formats``; None when
+    ``quantize`` is. The engine quantizes weights with ``quantization.quantize``
+    and packs each result by its format. (It holds functions: an engine that
+    runs its loop in another process sends ``quantize`` and looks the method
+    up there.)"""
     options: dict[str, str] = {}
     """Engine-specific settings, passed through as given."""
 
@@ -254,17 +263,10 @@ class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Cheap check for the device; must not raise."""
     priority: int = 0
     """When no engine is named, the available engine with the highest priority serves."""
-
-
-class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
-    """A plugin's declaration of one quantization method.
-
-    ``apply`` receives a loaded ``torch.nn.Module`` and returns the quantized
-    module (it may change it in place). Engines look methods up by ``name``.
-    """
-
-    name: str
-    description: str
-    apply: Callable[[object], object]
-    devices: tuple[str, ...] = ("cpu",)
-    """Device types the method's kernels run on."""
+    weight_formats: tuple[WeightFormat, ...] = ()
+    """The quantized weight formats the engine's kernels run (see
+    ``switchyard_spec.quantization``). The gateway refuses, before calling
+    ``factory``, a ``--quantize`` method none of whose formats is here, and
+    lists the methods that are. Declare every format the engine has a kernel
+    for; when this machine lacks one (an instruction set, a library),
+    ``Engine.start`` raises ``EngineStartError`` saying so."""

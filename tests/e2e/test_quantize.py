@@ -1,7 +1,13 @@
-"""``switchyard serve --quantize``, end to end: int8 serves what the int8 reference computes; other names stop start-up."""
+"""``switchyard serve --quantize``, end to end, with the real clients.
+
+int8 and int4 serve the greedy tokens of a transformers reference over the
+same quantized weights (``tests/xeon/quantized_reference.py``); a name no
+plugin declares stops start-up with what the engine can run.
+"""
 
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 from text_generation import Client
@@ -9,36 +15,79 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from switchyard_xeon.kernels import load_kernels
 from tests.conftest import start_server, stop_server
+from tests.quant.methods import method
 from tests.xeon.test_xeon_decoder import _with_bf16_matmuls
 
+PROMPT = "The quick brown fox"
+NEW_TOKENS = 8
 
-def test_an_unknown_method_stops_start_up_with_what_the_engine_implements(
+
+def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
         model_cache, default_model_path, tmp_path):
     with pytest.raises(RuntimeError) as failed:
         start_server(model_cache, tmp_path, "--quantize", "gptq", timeout=120)
-    assert "quantization 'gptq' is not supported (it implements: int8)" in str(failed.value)
+    log = str(failed.value)
+    assert "--quantize 'gptq': no installed plugin declares that quantization method" in log
+    assert ("engine 'xeon' can run: int4 (uint4-group128-asym), int4-g32 (uint4-group32-asym), "
+            "int4-g64 (uint4-group64-asym), int8 (int8-per-channel)") in log
+
+
+def _reference_tokens(path, name: str) -> list[int]:
+    """Greedy tokens of transformers with every linear over ``name``'s quantized weights."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference = _with_bf16_matmuls(model, method(name))
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _needs_kernels(name: str) -> None:
+    status = load_kernels()
+    if not (status.uint4_dot if name == "int4" else status.bf16_dot):
+        pytest.skip(f"no AVX512_BF16 dot-product panels here ({status.reason}): "
+                    f"--quantize {name} needs them")
 
 
 def test_int8_server_gives_the_int8_reference_greedy_tokens(model_cache, default_model_path,
                                                            tmp_path):
     """TGI client, greedy: the tokens of transformers with the same int8 matmuls."""
-    if not load_kernels().bf16_dot:
-        pytest.skip("no AVX512_BF16 here: --quantize int8 needs the dot-product panels")
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    reference = _with_bf16_matmuls(model, int8=True)
-    prompt = "The quick brown fox"
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    with torch.inference_mode():
-        out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=8, eos_token_id=None, pad_token_id=0)
-    want = out[0, ids.shape[1]:].tolist()
+    _needs_kernels("int8")
+    want = _reference_tokens(default_model_path, "int8")
     live = start_server(model_cache, tmp_path, "--quantize", "int8",
                         env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
     try:
-        response = Client(live.url, timeout=120).generate(prompt, max_new_tokens=8,
+        response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS,
                                                           decoder_input_details=False)
         assert [t.id for t in response.details.tokens] == want
         assert "int8 weights (per-feature scales)" in live.log()
+    finally:
+        stop_server(live)
+
+
+def test_int4_server_gives_the_int4_reference_to_both_clients(model_cache, default_model_path,
+                                                             tmp_path):
+    """TGI client (tokens, streamed too) and OpenAI SDK (text): the int4 reference's output."""
+    _needs_kernels("int4")
+    want = _reference_tokens(default_model_path, "int4")
+    assert want != _reference_tokens(default_model_path, "int8")  # int4 really is int4 here
+    text = AutoTokenizer.from_pretrained(default_model_path).decode(want)
+    live = start_server(model_cache, tmp_path, "--quantize", "int4",
+                        env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
+    try:
+        tgi = Client(live.url, timeout=120)
+        response = tgi.generate(PROMPT, max_new_tokens=NEW_TOKENS)
+        assert [t.id for t in response.details.tokens] == want
+        assert response.generated_text == text
+        streamed = [e.token.id for e in tgi.generate_stream(PROMPT, max_new_tokens=NEW_TOKENS)]
+        assert streamed == want
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
+        completion = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=NEW_TOKENS,
+                                               temperature=0)
+        assert completion.choices[0].text == text
+        assert completion.usage.completion_tokens == NEW_TOKENS
+        assert "uint4 weights (groups of 128, scales and zero points)" in live.log()
     finally:
         stop_server(live)

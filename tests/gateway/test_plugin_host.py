@@ -6,6 +6,7 @@ import pytest
 
 from switchyard.plugins import PluginHost
 from switchyard_spec import (
+    INT8_PER_CHANNEL,
     DeviceInfo,
     EngineNotFoundError,
     EngineSpec,
@@ -55,7 +56,8 @@ def test_duplicate_engine_names_fail_with_a_clear_message():
 
 
 def test_duplicate_quantization_methods_fail():
-    method = QuantizationMethod(name="int8", description="x", apply=lambda m: m)
+    method = QuantizationMethod(name="int8", description="x", formats=(INT8_PER_CHANNEL,),
+                                quantize=lambda w: w, dequantize=lambda q: q)
     host = PluginHost()
     host.register(_Plugin(methods=(method,)), "a")
     host.register(_Plugin(methods=(method,)), "b")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from switchyard_spec import EngineConfig
+from switchyard_spec import EngineConfig, QuantizationMethod
 from switchyard_xeon.decoder import (
     LlamaFamilyDecoder,
     TransformersForward,
@@ -28,9 +28,10 @@ from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.linears import pack_linears
 from switchyard_xeon.machine import read_cpu_info
-from switchyard_xeon.quantization import quantize_int8
 
+from tests import kernel_paths
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, prompt_of, token_ids
+from tests.xeon.quantized_reference import QuantizedMatmul
 
 # head_dim 64: the size the native prefill kernel is built for, so the parity
 # tests cover it (and the decode kernel's vector path) on AVX-512 machines.
@@ -43,6 +44,7 @@ SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=96, num_hidden_l
 def native_ops():
     status = load_kernels()
     assert status.fused is not None, status.reason  # g++ and ninja are test dependencies
+    kernel_paths.require("fused_ops")
     return status.fused
 
 
@@ -133,6 +135,7 @@ def test_native_ops_reject_bad_inputs(native_ops):
 
 
 def test_decode_layers_rejects_mismatched_layer_lists(native_ops):
+    kernel_paths.require("decode_layers")
     ops = torch.ops.switchyard_xeon
     x = torch.zeros(1, 64)
     pool = torch.zeros(2, 4, 4, 16)
@@ -272,6 +275,11 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
     assert ("decode steps run every layer in one native call" in caplog.text) == panels
     native_prefill = load_kernels().prefill is not None
+    # This parity covers the kernels the engine took here: the native prefill kernel where
+    # the build has it, SDPA per sequence (its twin) elsewhere.
+    for path in ("paged_attention", "fused_ops", "decode_layers", "panel_gemm fp32",
+                 "paged_prefill"):
+        kernel_paths.note(path)
     assert ("prefill attention: native paged kernel" in caplog.text) == native_prefill
     assert got["auto"] == want
     assert got["decoder"] == want
@@ -279,28 +287,15 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
 
 
 class _Bf16Matmul(torch.nn.Module):
-    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias.
+    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias."""
 
-    With ``int8`` the weight is the int8-quantized one: the integers (exact in
-    bf16) times the input, and then the per-feature scales, the kernel's order.
-    """
-
-    def __init__(self, linear: torch.nn.Linear, int8: bool = False) -> None:
+    def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
-        weight = linear.weight.detach()
-        self.scale = None
-        if int8:
-            quantized = quantize_int8(weight)
-            self.weight, self.scale = quantized.q.float(), quantized.scale
-        else:
-            self.weight = weight.bfloat16().float()
+        self.weight = linear.weight.detach().bfloat16().float()
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.bfloat16().float(), self.weight)
-        if self.scale is not None:
-            y = y * self.scale
-        return y if self.bias is None else y + self.bias
+        return torch.nn.functional.linear(x.bfloat16().float(), self.weight, self.bias)
 
 
 def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
@@ -311,12 +306,14 @@ def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
                                   attention_mask, **kwargs)
 
 
-def _with_bf16_matmuls(model: torch.nn.Module, int8: bool = False) -> torch.nn.Module:
+def _with_bf16_matmuls(model: torch.nn.Module,
+                       quantization: QuantizationMethod | None = None) -> torch.nn.Module:
     """A copy of fp32 ``model`` as the engine runs ``--dtype bfloat16`` on bf16 dot panels.
 
-    Every linear is a bf16 matmul (over int8 weights with ``int8``: ``--quantize
-    int8``) and attention reads keys and values rounded to bf16 (the cache);
-    the embedding, norms and the rest stay fp32.
+    Every linear is a bf16 matmul (over the weights ``quantization`` gives,
+    ``--quantize``: :class:`~tests.xeon.quantized_reference.QuantizedMatmul`)
+    and attention reads keys and values rounded to bf16 (the cache); the
+    embedding, norms and the rest stay fp32.
     """
     import copy
 
@@ -329,7 +326,8 @@ def _with_bf16_matmuls(model: torch.nn.Module, int8: bool = False) -> torch.nn.M
     for parent in list(twin.modules()):
         for name, child in parent.named_children():
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, _Bf16Matmul(child, int8))
+                setattr(parent, name, _Bf16Matmul(child) if quantization is None
+                        else QuantizedMatmul(child, quantization))
     twin.set_attn_implementation("bf16_kv_sdpa")
     return twin
 
@@ -342,8 +340,7 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
     in one native call, in the Python loop, and in transformers' own forward
     (the path of other architectures); prefill comes in chunks of 16 tokens.
     """
-    if not load_kernels().bf16_dot:
-        pytest.skip("no AVX512_BF16 here: the kernels have no bf16 dot-product panels")
+    kernel_paths.require("panel_dot bf16")
     folder, model = family_model
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
     want = _generate(_with_bf16_matmuls(model), prompts, 10)
@@ -439,35 +436,3 @@ def test_without_native_kernels_the_decoder_runs_on_torch_ops(make_engine, hf_gr
     for i, prompt in enumerate(prompts):
         engine.submit(greedy_request(f"r{i}", prompt, 8), sink)
     assert [token_ids(sink.wait(f"r{i}")) for i in range(2)] == [hf_greedy(p, 8) for p in prompts]
-
-
-def test_int8_weights_match_generate_with_dequantized_weights(family_model, caplog):
-    """``--quantize int8``: the same parity, the reference's weights int8-quantized.
-
-    The int8 reference also differs from the bf16 one (so the engine really
-    runs the quantized weights), and the engine reports bf16, the dtype its
-    matmuls compute in.
-    """
-    if not load_kernels().bf16_dot:
-        pytest.skip("no AVX512_BF16 here: --quantize int8 needs the dot-product panels")
-    folder, model = family_model
-    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
-    want = _generate(_with_bf16_matmuls(model, int8=True), prompts, 10)
-    twin = _with_bf16_matmuls(model)
-    with torch.inference_mode():
-        x = torch.tensor([prompts[0]])
-        assert not torch.equal(twin(x).logits, _with_bf16_matmuls(model, True)(x).logits)
-    for forward in ("auto", "decoder", "transformers"):
-        caplog.clear()
-        with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = XeonEngine(EngineConfig(
-                model_path=str(folder), dtype="auto", quantize="int8",
-                max_batch_prefill_tokens=16,
-                options={**TEST_OPTIONS, "block_size": "4", "forward": forward}))
-            engine.start()
-        try:
-            assert engine.info is not None and engine.info.dtype == "bfloat16"
-            assert "int8 weights (per-feature scales) and bf16 dot products" in caplog.text
-            assert _engine_tokens(engine, prompts, 10) == want, forward
-        finally:
-            engine.shutdown()

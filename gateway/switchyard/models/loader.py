@@ -64,6 +64,8 @@ def load_model(
     tokenizer = load_tokenizer(path)
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(settings.engine)
+    # Before the engine exists: a --quantize it cannot run stops here, naming what it can.
+    quantization = plugins.resolve_quantization(settings.quantize, spec)
     engine = spec.factory(
         EngineConfig(
             model_path=str(path),
@@ -73,6 +75,7 @@ def load_model(
             max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
             max_batch_total_tokens=settings.max_batch_total_tokens,
             quantize=settings.quantize,
+            quantization=quantization,
             options={
                 "max_waiting_tokens": str(settings.max_waiting_tokens),
                 "waiting_served_ratio": str(settings.waiting_served_ratio),

@@ -86,6 +86,8 @@ class _NativeLayers:
     scalings: list[float]
     windows: list[int]
     eps: list[float]
+    inner: int
+    """The MLP's intermediate size (every layer's)."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,7 @@ class LlamaFamilyDecoder:
             h = torch.ops.switchyard_xeon.decode_layers.default(
                 residual, h, cos, sin, step.slots, decode.tables, decode.lens, native.weights,
                 native.biases, step.cache.keys, step.cache.values, native.scalings,
-                native.windows, native.eps, self.heads, self.kv_heads)
+                native.windows, native.eps, self.heads, self.kv_heads, native.inner)
         else:
             h = self._layers(h, residual, cos, sin, step, decode)
         # Only the kept rows need the final norm and the vocabulary projection.
@@ -283,26 +285,27 @@ def _native_layers(model: torch.nn.Module, layers: list[_Layer],
     """The one-call layer loop's arguments, when every piece it chains is native.
 
     It needs the native fused ops and every projection on the panel kernel
-    (fp32 activations); otherwise the decoder stays on its Python loop. The
-    native loop reads the MLP's width off ``down_proj``'s packed weight, which
-    bf16 dot panels store in k pairs: it must be even there.
+    (fp32 activations), and one MLP width for every layer (passed to the
+    native loop, since quantized panels do not record it exactly); otherwise
+    the decoder stays on its Python loop.
     """
     if not isinstance(ops, NativeFusedOps):
         return None
     weights: list[torch.Tensor] = []
     biases: list[torch.Tensor | None] = []
+    inners: set[int] = set()
     for spec, layer in zip(layers, model.model.layers, strict=True):
         linears = (_qkv(layer.self_attn), layer.self_attn.o_proj, _gate_up(layer.mlp),
                    layer.mlp.down_proj)
         if not all(isinstance(m, PanelLinear) for m in linears):
             return None
-        down = layer.mlp.down_proj
-        if down.bf16_dot and down.in_features % 2:
-            return None
+        inners.add(layer.mlp.down_proj.in_features)
         weights += [spec.input_norm, spec.post_norm]
         weights += [m.packed_weight for m in linears]  # type: ignore[union-attr]
         biases += [m.bias for m in linears]  # type: ignore[union-attr]
+    if len(inners) != 1:
+        return None
     return _NativeLayers(weights=weights, biases=biases,
                          scalings=[spec.scaling for spec in layers],
                          windows=[spec.kernel_window for spec in layers],
-                         eps=[spec.eps for spec in layers])
+                         eps=[spec.eps for spec in layers], inner=inners.pop())

@@ -42,6 +42,7 @@ from switchyard_spec import (
     EventSink,
     FinishReason,
     ModelInfo,
+    QuantizationMethod,
     SamplingParams,
     StepObserver,
     StepReport,
@@ -50,7 +51,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
-from switchyard_xeon import attention, machine, quantization
+from switchyard_xeon import attention, machine, quantized
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -137,6 +138,7 @@ class XeonEngine(Engine):
         self._cache_stats = CacheStats()
         self._liveness = Liveness(self._loop_alive, self._submit_probe)
         self._observer: StepObserver | None = None
+        self._quantization: QuantizationMethod | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
@@ -151,11 +153,7 @@ class XeonEngine(Engine):
         with two (135M shape, 2 cores, bf16 dot panels;
         ``benchmarks/kernels/omp_pools.py``).
         """
-        if self.config.quantize and self.config.quantize not in quantization.METHODS:
-            raise EngineStartError(
-                f"xeon engine: quantization {self.config.quantize!r} is not supported "
-                f"(it implements: {', '.join(quantization.METHODS)})"
-            )
+        self._quantization = quantized.check_method(self.config)
         started = threading.Event()
         outcome: list[ModelInfo | BaseException] = []
 
@@ -213,16 +211,18 @@ class XeonEngine(Engine):
         # the KV cache is bf16, and everything else (norms, rotary, attention's
         # arithmetic, the residual stream) stays fp32, so the model loads in fp32
         # and its linears are rounded to bf16 as they are packed.
-        int8 = self.config.quantize == quantization.INT8
-        if int8:
-            dtype = self._int8_dtype(dtype)
+        method = self._quantization
+        if method is not None:
+            dtype = quantized.quantized_dtype(self.config, method, dtype,
+                                              self._bf16_dot_available(),
+                                              _option(self.config.options, "linears", LINEARS))
         bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
         cache_dtype = dtype
         if bf16_dot:
             dtype = torch.float32
             logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel%s and a bf16 KV "
                         "cache, fp32 activations",
-                        " over int8 weights (--quantize int8)" if int8 else "")
+                        f" over quantized weights (--quantize {method.name})" if method else "")
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         loaded = load_causal_lm(
             self.config.model_path,
@@ -234,7 +234,7 @@ class XeonEngine(Engine):
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, int8)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(cache_dtype),
@@ -268,43 +268,23 @@ class XeonEngine(Engine):
                                     watermark)
         return loaded.info
 
-    def _int8_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype ``--quantize int8`` runs in (bf16), or why it cannot run here.
-
-        Its kernel is the bf16 dot-product one over int8 weights, so it needs
-        what bf16 needs (AVX512_BF16 and the native kernels) and a dtype that
-        is, or resolves to, bfloat16.
-        """
-        if self.config.dtype not in ("auto", "bfloat16"):
-            raise EngineStartError(
-                f"xeon engine: --quantize int8 computes bf16 matmuls over int8 weights; "
-                f"use --dtype auto or bfloat16, not {self.config.dtype}")
-        status = load_kernels()
-        if dtype != torch.bfloat16 or not self._bf16_dot_available():
-            why = status.reason if status.fn is None else (
-                "linears=" + _option(self.config.options, "linears", LINEARS)
-                if status.bf16_dot else "this CPU has no AVX512_BF16")
-            raise EngineStartError(
-                f"xeon engine: --quantize int8 runs on the AVX512_BF16 dot-product kernels, "
-                f"which are not available ({why})")
-        return torch.bfloat16
-
     def _bf16_dot_available(self) -> bool:
         """Whether bf16 runs on the bf16 dot-product panels: the kernels have them, linears allow."""
         linears = _option(self.config.options, "linears", LINEARS)
         return linears in ("packed", "panel") and load_kernels().bf16_dot
 
     def _fast_path(self, model: torch.nn.Module, cpu_flags: frozenset[str],
-                   bf16_dot: bool = False,
-                   int8: bool = False) -> tuple[PackedForward, PagedDecodeFn | None]:
+                   bf16_dot: bool = False, quantization: QuantizationMethod | None = None,
+                   ) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
         Options: ``linears`` (``packed``, the default: bf16 on the native
         bf16 dot-product panels where the CPU has AVX512_BF16 (``bf16_dot``:
         the model was loaded in fp32 for them), fp32 on the native panel
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
-        measured to win, others on oneDNN; with ``int8`` (``--quantize
-        int8``) those bf16 panels hold int8 weights; ``panel``: the panel kernel for
+        measured to win, others on oneDNN; with a ``quantization`` method
+        (``--quantize``) those dot-product panels hold its int8 or uint4
+        weights; ``panel``: the panel kernel for
         fp32 whatever the CPU; ``onednn``: oneDNN for fp32 and bf16 alike;
         ``stock``: fused but not packed), ``panel_storage`` (``auto``:
         panels of weights that hold only bf16 values, as a bf16 checkpoint
@@ -330,7 +310,8 @@ class XeonEngine(Engine):
                               panels=status.fn is not None and (
                                   bf16_dot or linears == "panel"
                                   or (linears == "packed" and avx2_only)),
-                              narrow=storage == "auto", bf16_dot=bf16_dot, int8=int8)
+                              narrow=storage == "auto", bf16_dot=bf16_dot,
+                              quantization=quantization)
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard_xeon.quantization import quantize_int8
+from switchyard_spec import QuantizationMethod
 
 logger = logging.getLogger("switchyard.xeon")
 
@@ -95,24 +95,32 @@ class PanelLinear(torch.nn.Module):
     the weight is rounded to bf16 and the matmul is a bf16 one: each call
     rounds its input rows to bf16 and sums the products in fp32, twice the
     multiply-adds per instruction of fp32 math; input and output stay fp32.
-    With ``int8`` as well, the weight is quantized per output feature
-    (:func:`~switchyard_xeon.quantization.quantize_int8`) and the same kernel
-    reads it as int8: half the bytes again. Call :func:`~switchyard_xeon.kernels.load_kernels` first: the operators
-    exist only once the native library is loaded.
+    With a ``quantization`` method as well (``--quantize``), the weight is
+    quantized by it and packed for the kernel of its format
+    (:mod:`switchyard_xeon.quantized`): int8 per output feature (half the
+    bytes of bf16) or uint4 per group (a quarter), the same bf16 dot products
+    over the integers. Call :func:`~switchyard_xeon.kernels.load_kernels`
+    first: the operators exist only once the native library is loaded.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 narrow: bool = True, bf16_dot: bool = False, int8: bool = False) -> None:
+                 narrow: bool = True, bf16_dot: bool = False,
+                 quantization: QuantizationMethod | None = None) -> None:
         super().__init__()
-        if int8 and not bf16_dot:
-            raise ValueError("int8 panels are dot-product panels: pass bf16_dot too")
+        if quantization is not None and not bf16_dot:
+            raise ValueError("quantized panels are dot-product panels: pass bf16_dot too")
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        self.bf16_dot, self.int8 = bf16_dot, int8
+        self.bf16_dot = bf16_dot
+        self.weight_format = None
+        """The ``WeightFormat`` of quantized weights; None for float ones."""
         self.narrowed = not bf16_dot and narrow and holds_bf16(weight)
-        if int8:
-            quantized = quantize_int8(weight)
-            packed = torch.ops.switchyard_xeon.pack_panels_int8_dot(quantized.q, quantized.scale)
+        if quantization is not None:
+            from switchyard_xeon.quantized import pack_quantized
+
+            quantized = quantization.quantize(weight)
+            self.weight_format = quantized.format
+            packed = pack_quantized(quantized)
         elif bf16_dot:
             packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
         else:
@@ -135,8 +143,8 @@ class PanelLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         storage = "bf16, bf16 dot products" if self.bf16_dot else (
             "bf16" if self.narrowed else "fp32")
-        if self.int8:
-            storage = "int8 with per-feature scales, bf16 dot products"
+        if self.weight_format is not None:
+            storage = f"{self.weight_format.name}, bf16 dot products"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed=panels, stored={storage}")
 
@@ -197,7 +205,8 @@ class PackReport:
     layout: str = "oneDNN"
     narrowed: int = 0
     bf16_dot: bool = False
-    int8: bool = False
+    quantized: str = ""
+    """How the quantized weights are stored, e.g. "int8 weights (per-feature scales)"."""
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
@@ -207,21 +216,21 @@ class PackReport:
         stored = (f"; {self.narrowed} hold only bf16 values and are stored as bf16"
                   if self.narrowed else "")
         if self.bf16_dot:
-            weights = "int8 weights (per-feature scales)" if self.int8 else "bf16 weights"
+            weights = self.quantized or "bf16 weights"
             stored = f"; {weights} and bf16 dot products (AVX512_BF16), fp32 sums"
         return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused}{stored})"
 
 
 def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
-                 panels: bool = False, narrow: bool = True,
-                 bf16_dot: bool = False, int8: bool = False) -> PackReport:
+                 panels: bool = False, narrow: bool = True, bf16_dot: bool = False,
+                 quantization: QuantizationMethod | None = None) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
     With ``panels`` (the native kernels are loaded), fp32 weights go to
     :class:`PanelLinear` (stored as bf16 where that is exact and ``narrow``
     allows it; rounded to bf16 for bf16 matmuls with ``bf16_dot``, which
-    needs the kernels' AVX512_BF16 build; quantized to int8 per output feature
-    with ``int8`` too); otherwise, and for bf16, to oneDNN's
+    needs the kernels' AVX512_BF16 build; quantized by ``quantization`` too,
+    every linear the LM head included); otherwise, and for bf16, to oneDNN's
     :class:`PackedLinear`. Packing bf16 needs oneDNN's bf16 reorder, which
     wants AVX-512 (or AVX-NE-CONVERT); where packing is unavailable (or
     ``pack`` is False), disagrees with ``F.linear`` or the weights are of
@@ -236,11 +245,11 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     dtype = next(iter(dtypes))
     use_panels = panels and dtype == torch.float32
     dot = use_panels and bf16_dot
-    quantized = dot and int8
+    method = quantization if dot else None
 
     def packer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
         if use_panels:
-            return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, int8=quantized)
+            return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method)
         return PackedLinear(weight, bias)
 
     if not pack:
@@ -248,7 +257,7 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
-        reason = _check_packing(linears[0], packer, bf16_inputs=dot, int8=quantized)
+        reason = _check_packing(linears[0], packer, bf16_inputs=dot, quantization=method)
         if reason:
             logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
@@ -269,10 +278,16 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                     setattr(parent, name, packer(child.weight, child.bias))
                     packed += 1
     narrowed = sum(isinstance(m, PanelLinear) and m.narrowed for m in model.modules())
+    formats = {m.weight_format for m in model.modules() if isinstance(m, PanelLinear)}
+    quantized = ""
+    if method is not None and pack and None not in formats:
+        from switchyard_xeon.quantized import describe
+
+        quantized = " and ".join(sorted(describe(f) for f in formats if f is not None))
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
                       layout="panel" if use_panels else "oneDNN", narrowed=narrowed,
-                      bf16_dot=dot and pack, int8=quantized and pack)
+                      bf16_dot=dot and pack, quantized=quantized)
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
@@ -317,12 +332,14 @@ def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Mo
 
 
 def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear,
-                   bf16_inputs: bool = False, int8: bool = False) -> str:
+                   bf16_inputs: bool = False,
+                   quantization: QuantizationMethod | None = None) -> str:
     """'' when a ``packer`` copy of ``sample`` agrees with ``F.linear``, else why not.
 
     With ``bf16_inputs`` the packed copy is a bf16 matmul: the reference rounds
-    input and weight to bf16 first (with ``int8``, the weight is the
-    dequantized int8 one instead).
+    input and weight to bf16 first (with ``quantization``, the weight is the
+    one the method's ``dequantize`` gives instead: the method and the
+    engine's packing must agree on the format).
     """
     try:
         packed = packer(sample.weight, sample.bias)
@@ -332,8 +349,8 @@ def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear,
             weight = sample.weight
             if bf16_inputs:
                 x, weight = x.bfloat16().float(), weight.bfloat16().float()
-            if int8:
-                weight = quantize_int8(sample.weight).dequantize()
+            if quantization is not None:
+                weight = quantization.dequantize(quantization.quantize(sample.weight))
             got, want = packed(x).float(), F.linear(x, weight, sample.bias).float()
     except Exception as exc:  # private operators: absent or changed in this torch
         return f"{type(exc).__name__}: {exc}"

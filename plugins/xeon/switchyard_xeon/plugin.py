@@ -6,11 +6,23 @@ module is cheap: torch and the engine are imported only when the factory runs.
 
 from __future__ import annotations
 
-from switchyard_spec import DeviceInfo, Engine, EngineConfig, EngineSpec, hookimpl
+from switchyard_spec import (
+    INT8_PER_CHANNEL,
+    UINT4_GROUP_SIZES,
+    DeviceInfo,
+    Engine,
+    EngineConfig,
+    EngineSpec,
+    hookimpl,
+    uint4_group_asym,
+)
 
 ENGINE_NAME = "xeon"
 PRIORITY = 10
 """Any CPU can serve, so accelerator engines should outrank this one."""
+WEIGHT_FORMATS = (INT8_PER_CHANNEL, *(uint4_group_asym(g) for g in UINT4_GROUP_SIZES))
+"""The quantized formats the dot-product panels run (CPUs with AVX512_BF16;
+:mod:`switchyard_xeon.quantized`)."""
 
 
 def make_engine(config: EngineConfig) -> Engine:
@@ -27,7 +39,9 @@ def probe() -> DeviceInfo:
 
         cpu = read_cpu_info()
         bf16 = "bfloat16" if cpu.has_bf16 else "float32 (no native bf16)"
-        detail = f"{cpu.logical_cpus} logical CPUs, auto dtype {bf16}"
+        quantized = "" if "avx512_bf16" in cpu.flags else (
+            "; no AVX512_BF16, so no int8/int4 weights")
+        detail = f"{cpu.logical_cpus} logical CPUs, auto dtype {bf16}{quantized}"
         return DeviceInfo(available=True, name=cpu.describe(), detail=detail)
     except Exception as exc:  # a probe must never raise
         return DeviceInfo(available=False, name="CPU", detail=f"probe failed: {exc}")
@@ -43,5 +57,6 @@ def switchyard_engines() -> list[EngineSpec]:
             factory=make_engine,
             probe=probe,
             priority=PRIORITY,
+            weight_formats=WEIGHT_FORMATS,
         )
     ]

@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Six sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Seven sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -13,7 +13,9 @@ Six sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 - ``panel_dot_bf16.cpp``: bf16 linears (bf16 weights and inputs, fp32 sums)
   on CPUs with AVX512_BF16, the same panels in the k-pair order of its
   dot-product instruction, and the same over int8 weights with per-feature
-  scales (``--quantize int8``, :mod:`switchyard_xeon.quantization`);
+  scales (``--quantize int8``, :mod:`switchyard_xeon.quantized`);
+- ``panel_dot_uint4.cpp``: the same dot products over uint4 weights with a
+  scale and zero point per group along K (``--quantize int4``);
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
 
@@ -25,7 +27,8 @@ cached library).
 A machine without a C++ compiler still serves: :func:`load_kernels` returns
 no kernels with the reason, attention takes the portable SDPA path and the
 decoder the PyTorch ops of :class:`~switchyard_xeon.kernels.reference.TorchFusedOps`.
-The built kernels are checked against those paths before they are trusted.
+The built kernels are checked against those paths (:mod:`~switchyard_xeon.kernels.checks`)
+before they are trusted.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "f
                                                                 "paged_prefill.cpp",
                                                                 "panel_gemm.cpp",
                                                                 "panel_dot_bf16.cpp",
+                                                                "panel_dot_uint4.cpp",
                                                                 "decode_layers.cpp"))
 _HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
@@ -129,6 +133,8 @@ class KernelStatus:
     bf16_dot: bool = False
     """The dot-product panels (bf16 and int8 weights) exist (built for a CPU with
     AVX512_BF16) and passed their check."""
+    uint4_dot: bool = False
+    """The uint4 dot-product panels exist (the same build) and passed their check."""
 
 
 _lock = threading.Lock()
@@ -156,24 +162,33 @@ def _load() -> KernelStatus:
     except Exception as exc:  # no compiler, no ninja, odd platform: serve without it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return KernelStatus(None, f"native kernels unavailable ({first[:200]})")
-    error = _self_check(op) or _self_check_fused(NativeFusedOps()) or _self_check_panels()
+    from switchyard_xeon.kernels import checks
+
+    error = (checks.check_decode(op) or checks.check_fused(NativeFusedOps())
+             or checks.check_panels())
     if error:
         return KernelStatus(None, f"native kernels failed their check ({error})")
-    # Only a build for a CPU with AVX512_BF16 registers the bf16 dot-product packer.
-    bf16_dot = hasattr(torch.ops.switchyard_xeon, "pack_panels_bf16_dot")
-    dot_error = _self_check_bf16_dot() if bf16_dot else ""
+    # Only a build for a CPU with AVX512_BF16 registers the dot-product packers.
+    ops = torch.ops.switchyard_xeon
+    bf16_dot = hasattr(ops, "pack_panels_bf16_dot")
+    dot_error = checks.check_bf16_dot() if bf16_dot else ""
     if dot_error:
         logger.warning("bf16 dot-product panels failed their check, not used: %s", dot_error)
+    uint4_dot = bf16_dot and not dot_error and hasattr(ops, "pack_panels_uint4_dot")
+    uint4_error = checks.check_uint4_dot() if uint4_dot else ""
+    if uint4_error:
+        logger.warning("uint4 dot-product panels failed their check, not used: %s", uint4_error)
     prefill = None
-    if hasattr(torch.ops.switchyard_xeon, "paged_prefill_attention"):
-        prefill = torch.ops.switchyard_xeon.paged_prefill_attention.default
-        prefill_error = _self_check_prefill(prefill)
+    if hasattr(ops, "paged_prefill_attention"):
+        prefill = ops.paged_prefill_attention.default
+        prefill_error = checks.check_prefill(prefill)
         if prefill_error:
             logger.warning("paged prefill attention failed its check, not used: %s",
                            prefill_error)
             prefill = None
     return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
-                        bf16_dot=bf16_dot and not dot_error)
+                        bf16_dot=bf16_dot and not dot_error,
+                        uint4_dot=uint4_dot and not uint4_error)
 
 
 def _build() -> PagedDecodeFn:
@@ -219,177 +234,3 @@ def _cpu_signature() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def _self_check(op: PagedDecodeFn) -> str:
-    """Compare the attention kernel with plain SDPA on a small scattered cache; '' when they agree."""
-    from switchyard_xeon.kernels.reference import paged_decode_reference
-
-    gen = torch.Generator().manual_seed(0)
-    cases = ((torch.float32, torch.float32, 64, 0, 1e-4),
-             (torch.bfloat16, torch.bfloat16, 80, 7, 2e-2),
-             (torch.float32, torch.bfloat16, 64, 5, 1e-4))  # bf16 pools under an fp32 q
-    for dtype, pool_dtype, dim, window, tol in cases:
-        kv_heads, heads, blocks, size = 2, 6, 12, 4
-        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
-        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
-        q = torch.randn(3, heads, dim, generator=gen).to(dtype)
-        tables = torch.tensor([[5, 2, 9], [1, 0, 0], [11, 3, 7]], dtype=torch.int32)
-        lens = torch.tensor([10, 3, 12], dtype=torch.int32)
-        try:
-            got = op(q, k, v, tables, lens, dim**-0.5, window)
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        want = paged_decode_reference(q, k, v, tables, lens, dim**-0.5, window)
-        err = (got.float() - want.float()).abs().max().item()
-        if not err <= tol:
-            return f"{dtype} q, {pool_dtype} pools: max error {err:.3g} > {tol}"
-    return ""
-
-
-def _self_check_fused(ops: FusedOps) -> str:
-    """Compare the fused ops with their PyTorch definitions; '' when they agree."""
-    from switchyard_xeon.kernels.reference import TorchFusedOps
-
-    ref = TorchFusedOps()
-    gen = torch.Generator().manual_seed(1)
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        def rand(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=gen).to(dtype)
-
-        try:
-            x, res, w = rand(5, 96), rand(5, 96), rand(96)
-            pairs = [(ops.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))]
-            got_x, got_r, want_x, want_r = x.clone(), res.clone(), x.clone(), res.clone()
-            ops.add_rms_norm_(got_x, got_r, w, 1e-6)
-            ref.add_rms_norm_(want_x, want_r, w, 1e-6)
-            pairs += [(got_x, want_x), (got_r, want_r)]
-            gate_up = rand(3, 64)
-            pairs.append((ops.silu_and_mul(gate_up), ref.silu_and_mul(gate_up)))
-            heads, kv_heads, dim, rot = 4, 2, 16, 12  # partial rotary, as Phi-3 may use
-            qkv, cos, sin = rand(3, (heads + 2 * kv_heads) * dim), rand(3, rot), rand(3, rot)
-            slots = torch.tensor([5, 0, 9])
-            # fp32 qkv may store into bf16 pools (the bf16 matmul mode's cache).
-            pool_dtypes = (dtype, torch.bfloat16) if dtype == torch.float32 else (dtype,)
-            for pool_dtype in pool_dtypes:
-                results = []
-                for impl in (ops, ref):
-                    buf = qkv.clone()
-                    k_pool, v_pool = torch.zeros(2, kv_heads, 3, 4, dim, dtype=pool_dtype)
-                    impl.rotary_store_(buf, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
-                    results.append((buf, k_pool, v_pool))
-                pairs += list(zip(*results, strict=True))
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        for got, want in pairs:
-            err = (got.float() - want.float()).abs().max().item()
-            scale = max(1.0, want.float().abs().max().item())
-            if not err <= tol * scale:
-                return f"fused op {dtype} max error {err:.3g} > {tol * scale:.3g}"
-    return ""
-
-
-def _self_check_prefill(op: PagedPrefillFn) -> str:
-    """Compare paged prefill attention with the SDPA reference; '' when they agree.
-
-    Fresh prompts, a chunk after cached context, rows shared by two sequences'
-    neighbours, a sliding window, fp32 and bf16 pools, head_dim 64 and 128.
-    """
-    from switchyard_xeon.kernels.reference import paged_prefill_reference
-
-    gen = torch.Generator().manual_seed(4)
-    for pool_dtype, dim, window in ((torch.float32, 64, 0), (torch.bfloat16, 128, 5),
-                                    (torch.bfloat16, 64, 0)):
-        kv_heads, heads, blocks, size = 2, 6, 14, 4
-        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
-        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
-        q = torch.randn(30, heads, dim, generator=gen)
-        tables = torch.tensor([[5, 2, 9, 0, 0], [1, 0, 0, 0, 0], [11, 3, 7, 13, 4]],
-                              dtype=torch.int32)
-        lens = torch.tensor([10, 3, 19], dtype=torch.int32)
-        starts = torch.tensor([0, 12, 15], dtype=torch.int32)  # rows 10, 11 and 29+ unowned
-        counts = torch.tensor([10, 3, 14], dtype=torch.int32)  # the last after 5 cached
-        args = (q, k, v, tables, lens, starts, counts, dim**-0.5, window)
-        try:
-            got = op(*args)
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        want = paged_prefill_reference(*args)
-        owned = torch.cat([torch.arange(0, 10), torch.arange(12, 29)])
-        err = (got[owned] - want[owned]).abs().max().item()
-        if not err <= 1e-4:
-            return f"paged prefill ({pool_dtype}, D={dim}) max error {err:.3g}"
-    return ""
-
-
-def _self_check_panels() -> str:
-    """Compare the panel linear with ``F.linear`` over ragged shapes; '' when they agree.
-
-    Both weight storages: fp32, and bf16 (widened in registers below 96 rows,
-    through a buffer above).
-    """
-    gen = torch.Generator().manual_seed(2)
-    for storage in (torch.float32, torch.bfloat16):
-        for case in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
-            error = _panel_case_error(lambda w: torch.ops.switchyard_xeon.pack_panels(
-                w.to(storage)), case, gen, bf16_inputs=False)
-            if error:
-                return f"panel linear ({storage}): {error}"
-    return ""
-
-
-def _self_check_bf16_dot() -> str:
-    """Compare the dot-product panels with ``F.linear`` on bf16-rounded inputs; '' when they agree.
-
-    Both weight storages: bf16, and int8 with per-feature scales (the
-    reference uses the dequantized weight). Ragged shapes: odd K (a padded k
-    pair), N not a multiple of 16 (a masked last panel), an odd number of
-    panels (one runs alone), 1-13 and 600 rows (int8: widened in registers up
-    to 6 rows, through a per-thread buffer past that).
-    """
-    from switchyard_xeon.quantization import quantize_int8
-
-    ops = torch.ops.switchyard_xeon
-
-    def pack_int8(w: torch.Tensor) -> torch.Tensor:
-        weight = quantize_int8(w)
-        return ops.pack_panels_int8_dot(weight.q, weight.scale)
-
-    gen = torch.Generator().manual_seed(3)
-    for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
-        error = _panel_case_error(ops.pack_panels_bf16_dot, case, gen, bf16_inputs=True)
-        if error:
-            return f"bf16 dot panels: {error}"
-        error = _panel_case_error(pack_int8, case, gen, bf16_inputs=True,
-                                  seen=lambda w: quantize_int8(w).dequantize())
-        if error:
-            return f"int8 dot panels: {error}"
-    return ""
-
-
-def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[int, int, int],
-                      gen: torch.Generator, bf16_inputs: bool,
-                      seen: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
-    """'' when ``panel_linear`` over ``pack(w)`` matches ``F.linear`` for (rows, out, inner).
-
-    The reference sees the weight as packed: ``seen(w)`` when given, else
-    ``w`` rounded to bf16 where the packing stores bf16; with
-    ``bf16_inputs``, the input rounded to bf16 too.
-    """
-    rows, out, inner = case
-    x = torch.randn(rows, inner, generator=gen)
-    w = torch.randn(out, inner, generator=gen)
-    b = torch.randn(out, generator=gen)
-    try:
-        packed = pack(w)
-        got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    if seen is not None:
-        w = seen(w)
-    elif packed.dtype == torch.bfloat16:
-        w = w.bfloat16().float()
-    if bf16_inputs:
-        x = x.bfloat16().float()
-    err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
-    return "" if err <= 1e-4 * max(1.0, inner ** 0.5) else f"max error {err:.3g}"

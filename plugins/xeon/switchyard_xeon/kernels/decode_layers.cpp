@@ -11,6 +11,8 @@
 // optional biases per layer in `biases` (q|k|v, o, gate|up, down). `h` is the
 // first layer's normed input; `residual` is updated in place and the last
 // layer's MLP output is returned (the caller adds, norms and projects).
+// `inner`, the MLP's intermediate size, is read off the packed down
+// projection when 0 (fp32, bf16 and int8 panels of even width).
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -26,7 +28,8 @@ at::Tensor decode_layers(at::Tensor residual, at::Tensor h, const at::Tensor& co
                          const c10::List<c10::optional<at::Tensor>>& biases,
                          at::TensorList k_pools, at::TensorList v_pools,
                          at::ArrayRef<double> scalings, at::IntArrayRef windows,
-                         at::ArrayRef<double> eps, int64_t heads, int64_t kv_heads) {
+                         at::ArrayRef<double> eps, int64_t heads, int64_t kv_heads,
+                         int64_t inner_size) {
   namespace sy = switchyard_xeon;
   const int64_t layers = static_cast<int64_t>(k_pools.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == 6 * layers &&
@@ -53,10 +56,11 @@ at::Tensor decode_layers(at::Tensor residual, at::Tensor h, const at::Tensor& co
                                                            context_lens, scalings[i], windows[i]);
     h = sy::panel_linear(attended.view({tokens, q_width}), w[3], biases.get(4 * i + 1), hidden);
     sy::add_rms_norm_(h, residual, w[1], eps[i]);
-    // down's input width, the MLP's intermediate size: the packed K, or twice the
-    // k pairs of dot panels (Llama-family sizes are even).
+    // The MLP's intermediate size (gate|up is twice as wide): given by the caller,
+    // since no quantized layout can tell it exactly, or else read off down's
+    // panels: the packed K, or twice the k pairs of dot panels.
     const int64_t pairs = sy::dot_pairs(w[5]);
-    const int64_t inner = pairs >= 0 ? 2 * pairs : w[5].size(1);
+    const int64_t inner = inner_size > 0 ? inner_size : pairs >= 0 ? 2 * pairs : w[5].size(1);
     const at::Tensor gate_up = sy::panel_linear(h, w[4], biases.get(4 * i + 2), 2 * inner);
     h = sy::panel_linear(sy::silu_and_mul(gate_up), w[5], biases.get(4 * i + 3), hidden);
   }
@@ -70,7 +74,7 @@ TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
       "decode_layers(Tensor(a!) residual, Tensor h, Tensor cos, Tensor sin, Tensor slots, "
       "Tensor block_tables, Tensor context_lens, Tensor[] weights, Tensor?[] biases, "
       "Tensor(b!)[] k_pools, Tensor(c!)[] v_pools, float[] scalings, int[] windows, "
-      "float[] eps, int heads, int kv_heads) -> Tensor");
+      "float[] eps, int heads, int kv_heads, int inner=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {

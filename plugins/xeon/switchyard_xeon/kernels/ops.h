@@ -23,6 +23,12 @@ int64_t dot_pairs(const at::Tensor& packed);
 at::Tensor panel_linear_bf16_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                                  int64_t n);
 
+// panel_dot_uint4.cpp: whether `packed` is in its uint4 layout, and its kernel
+// (called by panel_linear, which checks N and the bias first).
+bool is_uint4_panels(const at::Tensor& packed);
+at::Tensor panel_linear_uint4_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                                  int64_t n);
+
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 
 void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,

@@ -256,15 +256,18 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "panel_linear: x must be a contiguous float32 [M, K]");
-  // Two kinds of layout: [panels, K, 16] fp32 or bf16 (fp32 math, here), or the
-  // k-pair layouts of panel_dot_bf16.cpp (bf16 or int8 weights, K/2 rounded up steps).
+  // Three kinds of layout: [panels, K, 16] fp32 or bf16 (fp32 math, here), the
+  // k-pair layouts of panel_dot_bf16.cpp (bf16 or int8 weights, K/2 rounded up
+  // steps), and the uint4 groups of panel_dot_uint4.cpp (which checks K itself).
+  const bool uint4 = switchyard_xeon::is_uint4_panels(packed);
   const int64_t dot_pairs = switchyard_xeon::dot_pairs(packed);
   const bool dot = dot_pairs >= 0;
   const int64_t k_steps = dot ? (x.size(1) + 1) / 2 : x.size(1);
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() &&
-                  (dot ? dot_pairs : packed.size(1)) == k_steps &&
-                  (dot || (packed.size(2) == kPanel && (packed.scalar_type() == at::kFloat ||
-                                                        packed.scalar_type() == at::kBFloat16))) &&
+                  (uint4 || (dot ? dot_pairs : packed.size(1)) == k_steps) &&
+                  (uint4 || dot ||
+                   (packed.size(2) == kPanel && (packed.scalar_type() == at::kFloat ||
+                                                 packed.scalar_type() == at::kBFloat16))) &&
                   N > (packed.size(0) - 1) * kPanel && N <= packed.size(0) * kPanel,
               "panel_linear: packed weight does not match x or N");
   const float* bp = nullptr;
@@ -274,6 +277,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                 "panel_linear: bias must be float32 [N]");
     bp = bias->data_ptr<float>();
   }
+  if (uint4) return switchyard_xeon::panel_linear_uint4_dot(x, packed, bp, N);
   if (dot) return switchyard_xeon::panel_linear_bf16_dot(x, packed, bp, N);
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   at::Tensor y = at::empty({M, N}, x.options());

@@ -1,0 +1,67 @@
+"""The quant plugin's hooks: declares weight-only ``int8`` and ``int4`` (three group sizes).
+
+Registered under the ``switchyard.plugins`` entry-point group. Importing this
+module is cheap and imports no torch: each method's functions import the
+arithmetic (:mod:`switchyard_quant.int8`, :mod:`switchyard_quant.int4`) when
+an engine first calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from switchyard_spec import (
+    INT8_PER_CHANNEL,
+    Packing,
+    QuantizationMethod,
+    QuantizedWeight,
+    hookimpl,
+    uint4_group_asym,
+)
+
+INT4_GROUPS = {"int4": 128, "int4-g64": 64, "int4-g32": 32}
+"""``--quantize`` name -> group size of its uint4 format (plain ``int4``: 128, ipex's default)."""
+
+
+def quantize_int8(weight: Any) -> QuantizedWeight:
+    """See :func:`switchyard_quant.int8.quantize_int8`."""
+    from switchyard_quant.int8 import quantize_int8 as quantize
+
+    return quantize(weight)
+
+
+def quantize_int4(weight: Any, group_size: int) -> QuantizedWeight:
+    """See :func:`switchyard_quant.int4.quantize_uint4`."""
+    from switchyard_quant.int4 import quantize_uint4
+
+    return quantize_uint4(weight, group_size)
+
+
+def dequantize(weight: QuantizedWeight) -> Any:
+    """The float32 weight any of this plugin's formats stands for."""
+    if weight.format.packing is Packing.INT8_ROWS:
+        from switchyard_quant.int8 import dequantize_int8
+
+        return dequantize_int8(weight)
+    from switchyard_quant.int4 import dequantize_uint4
+
+    return dequantize_uint4(weight)
+
+
+@hookimpl
+def switchyard_quantization_methods() -> list[QuantizationMethod]:
+    """Declare weight-only int8 and the three group sizes of weight-only int4."""
+    methods = [QuantizationMethod(
+        name="int8",
+        description="weight-only int8, symmetric, a scale per output feature (RTN at load)",
+        formats=(INT8_PER_CHANNEL,), quantize=quantize_int8, dequantize=dequantize)]
+    for name, group in INT4_GROUPS.items():
+        methods.append(QuantizationMethod(
+            name=name,
+            description=f"weight-only uint4, asymmetric, a scale and zero point per {group} "
+                        "weights along K (RTN at load)",
+            formats=(uint4_group_asym(group),),
+            quantize=functools.partial(quantize_int4, group_size=group),
+            dequantize=dequantize))
+    return methods

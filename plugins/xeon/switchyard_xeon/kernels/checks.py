@@ -1,0 +1,222 @@
+"""Checks of the native kernels against their PyTorch definitions, run once when they load.
+
+Each returns '' when the kernel agrees with its reference, else what
+differs; :func:`switchyard_xeon.kernels.load_kernels` leaves a kernel that
+fails its check unused. Shapes are ragged on purpose: partial panels, odd K,
+short groups, and row counts on both sides of every tiling threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from switchyard_spec import INT8_PER_CHANNEL, QuantizedWeight, WeightFormat, uint4_group_asym
+
+from switchyard_xeon.quantized import pack_quantized, reference_weight, uint4_words
+
+if TYPE_CHECKING:
+    from switchyard_xeon.kernels import FusedOps, PagedDecodeFn, PagedPrefillFn
+
+
+def check_decode(op: PagedDecodeFn) -> str:
+    """Compare the attention kernel with plain SDPA on a small scattered cache; '' when they agree."""
+    from switchyard_xeon.kernels.reference import paged_decode_reference
+
+    gen = torch.Generator().manual_seed(0)
+    cases = ((torch.float32, torch.float32, 64, 0, 1e-4),
+             (torch.bfloat16, torch.bfloat16, 80, 7, 2e-2),
+             (torch.float32, torch.bfloat16, 64, 5, 1e-4))  # bf16 pools under an fp32 q
+    for dtype, pool_dtype, dim, window, tol in cases:
+        kv_heads, heads, blocks, size = 2, 6, 12, 4
+        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        q = torch.randn(3, heads, dim, generator=gen).to(dtype)
+        tables = torch.tensor([[5, 2, 9], [1, 0, 0], [11, 3, 7]], dtype=torch.int32)
+        lens = torch.tensor([10, 3, 12], dtype=torch.int32)
+        try:
+            got = op(q, k, v, tables, lens, dim**-0.5, window)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        want = paged_decode_reference(q, k, v, tables, lens, dim**-0.5, window)
+        err = (got.float() - want.float()).abs().max().item()
+        if not err <= tol:
+            return f"{dtype} q, {pool_dtype} pools: max error {err:.3g} > {tol}"
+    return ""
+
+
+def check_fused(ops: FusedOps) -> str:
+    """Compare the fused ops with their PyTorch definitions; '' when they agree."""
+    from switchyard_xeon.kernels.reference import TorchFusedOps
+
+    ref = TorchFusedOps()
+    gen = torch.Generator().manual_seed(1)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(dtype)
+
+        try:
+            x, res, w = rand(5, 96), rand(5, 96), rand(96)
+            pairs = [(ops.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))]
+            got_x, got_r, want_x, want_r = x.clone(), res.clone(), x.clone(), res.clone()
+            ops.add_rms_norm_(got_x, got_r, w, 1e-6)
+            ref.add_rms_norm_(want_x, want_r, w, 1e-6)
+            pairs += [(got_x, want_x), (got_r, want_r)]
+            gate_up = rand(3, 64)
+            pairs.append((ops.silu_and_mul(gate_up), ref.silu_and_mul(gate_up)))
+            heads, kv_heads, dim, rot = 4, 2, 16, 12  # partial rotary, as Phi-3 may use
+            qkv, cos, sin = rand(3, (heads + 2 * kv_heads) * dim), rand(3, rot), rand(3, rot)
+            slots = torch.tensor([5, 0, 9])
+            # fp32 qkv may store into bf16 pools (the bf16 matmul mode's cache).
+            pool_dtypes = (dtype, torch.bfloat16) if dtype == torch.float32 else (dtype,)
+            for pool_dtype in pool_dtypes:
+                results = []
+                for impl in (ops, ref):
+                    buf = qkv.clone()
+                    k_pool, v_pool = torch.zeros(2, kv_heads, 3, 4, dim, dtype=pool_dtype)
+                    impl.rotary_store_(buf, cos, sin, k_pool, v_pool, slots, heads, kv_heads)
+                    results.append((buf, k_pool, v_pool))
+                pairs += list(zip(*results, strict=True))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        for got, want in pairs:
+            err = (got.float() - want.float()).abs().max().item()
+            scale = max(1.0, want.float().abs().max().item())
+            if not err <= tol * scale:
+                return f"fused op {dtype} max error {err:.3g} > {tol * scale:.3g}"
+    return ""
+
+
+def check_prefill(op: PagedPrefillFn) -> str:
+    """Compare paged prefill attention with the SDPA reference; '' when they agree.
+
+    Fresh prompts, a chunk after cached context, rows shared by two sequences'
+    neighbours, a sliding window, fp32 and bf16 pools, head_dim 64 and 128.
+    """
+    from switchyard_xeon.kernels.reference import paged_prefill_reference
+
+    gen = torch.Generator().manual_seed(4)
+    for pool_dtype, dim, window in ((torch.float32, 64, 0), (torch.bfloat16, 128, 5),
+                                    (torch.bfloat16, 64, 0)):
+        kv_heads, heads, blocks, size = 2, 6, 14, 4
+        k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
+        q = torch.randn(30, heads, dim, generator=gen)
+        tables = torch.tensor([[5, 2, 9, 0, 0], [1, 0, 0, 0, 0], [11, 3, 7, 13, 4]],
+                              dtype=torch.int32)
+        lens = torch.tensor([10, 3, 19], dtype=torch.int32)
+        starts = torch.tensor([0, 12, 15], dtype=torch.int32)  # rows 10, 11 and 29+ unowned
+        counts = torch.tensor([10, 3, 14], dtype=torch.int32)  # the last after 5 cached
+        args = (q, k, v, tables, lens, starts, counts, dim**-0.5, window)
+        try:
+            got = op(*args)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        want = paged_prefill_reference(*args)
+        owned = torch.cat([torch.arange(0, 10), torch.arange(12, 29)])
+        err = (got[owned] - want[owned]).abs().max().item()
+        if not err <= 1e-4:
+            return f"paged prefill ({pool_dtype}, D={dim}) max error {err:.3g}"
+    return ""
+
+
+def check_panels() -> str:
+    """Compare the panel linear with ``F.linear`` over ragged shapes; '' when they agree.
+
+    Both weight storages: fp32, and bf16 (widened in registers below 96 rows,
+    through a buffer above).
+    """
+    gen = torch.Generator().manual_seed(2)
+    for storage in (torch.float32, torch.bfloat16):
+        for case in ((1, 37, 24), (7, 50, 64), (13, 16, 9), (100, 33, 40)):
+            error = _panel_case_error(lambda w: torch.ops.switchyard_xeon.pack_panels(
+                w.to(storage)), case, gen, bf16_inputs=False)
+            if error:
+                return f"panel linear ({storage}): {error}"
+    return ""
+
+
+def check_bf16_dot() -> str:
+    """Compare the dot-product panels with ``F.linear`` on bf16-rounded inputs; '' when they agree.
+
+    Both weight storages: bf16, and int8 with per-feature scales (the
+    reference uses the weight the int8 format defines). Ragged shapes: odd K
+    (a padded k pair), N not a multiple of 16 (a masked last panel), an odd
+    number of panels (one runs alone), 1-13 and 600 rows (int8: widened in
+    registers up to 24 rows, through a per-thread buffer past that).
+    """
+    ops = torch.ops.switchyard_xeon
+    gen = torch.Generator().manual_seed(3)
+    for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
+        error = _panel_case_error(ops.pack_panels_bf16_dot, case, gen, bf16_inputs=True)
+        if error:
+            return f"bf16 dot panels: {error}"
+        weight = _random_quantized(INT8_PER_CHANNEL, case[1], case[2], gen)
+        error = _panel_case_error(lambda _, w=weight: pack_quantized(w), case, gen,
+                                  bf16_inputs=True, seen=lambda _, w=weight: reference_weight(w))
+        if error:
+            return f"int8 dot panels: {error}"
+    return ""
+
+
+def check_uint4_dot() -> str:
+    """Compare the uint4 panels with ``F.linear`` over the weight their format defines; '' if equal.
+
+    Each group size of the format; ragged shapes: K not a multiple of the
+    group (a short last group) and odd, N not a multiple of 16, 1-13 rows
+    (widened in registers) and 70 (through the per-thread buffer).
+    """
+    gen = torch.Generator().manual_seed(5)
+    for group, case in ((32, (1, 37, 75)), (64, (5, 50, 64)), (128, (70, 20, 130)),
+                        (32, (13, 16, 33))):
+        weight = _random_quantized(uint4_group_asym(group), case[1], case[2], gen)
+        error = _panel_case_error(lambda _, w=weight: pack_quantized(w), case, gen,
+                                  bf16_inputs=True, seen=lambda _, w=weight: reference_weight(w))
+        if error:
+            return f"uint4 dot panels (group {group}): {error}"
+    return ""
+
+
+def _random_quantized(fmt: WeightFormat, out: int, inner: int,
+                      gen: torch.Generator) -> QuantizedWeight:
+    """A ``QuantizedWeight`` of ``fmt`` with random integers, scales and zero points."""
+    low, high = fmt.levels
+    q = torch.randint(low, high + 1, (out, inner), generator=gen)
+    if fmt == INT8_PER_CHANNEL:
+        return QuantizedWeight(format=fmt, out_features=out, in_features=inner,
+                               data=q.to(torch.int8), scales=torch.rand(out, generator=gen) / 50)
+    groups = -(-inner // fmt.group_size)
+    return QuantizedWeight(
+        format=fmt, out_features=out, in_features=inner, data=uint4_words(q),
+        scales=torch.rand(out, groups, generator=gen) / 5,
+        zero_points=torch.randint(0, high + 1, (out, groups), generator=gen).to(torch.uint8))
+
+
+def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[int, int, int],
+                      gen: torch.Generator, bf16_inputs: bool,
+                      seen: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
+    """'' when ``panel_linear`` over ``pack(w)`` matches ``F.linear`` for (rows, out, inner).
+
+    The reference sees the weight as packed: ``seen(w)`` when given, else
+    ``w`` rounded to bf16 where the packing stores bf16; with
+    ``bf16_inputs``, the input rounded to bf16 too.
+    """
+    rows, out, inner = case
+    x = torch.randn(rows, inner, generator=gen)
+    w = torch.randn(out, inner, generator=gen)
+    b = torch.randn(out, generator=gen)
+    try:
+        packed = pack(w)
+        got = torch.ops.switchyard_xeon.panel_linear(x, packed, b, out)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if seen is not None:
+        w = seen(w)
+    elif packed.dtype == torch.bfloat16:
+        w = w.bfloat16().float()
+    if bf16_inputs:
+        x = x.bfloat16().float()
+    err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
+    return "" if err <= 1e-4 * max(1.0, inner ** 0.5) else f"max error {err:.3g}"

@@ -1,0 +1,137 @@
+"""Quantized weights on the Xeon engine's dot-product panels: formats, packing, references.
+
+The engine runs no quantizer of its own. ``--quantize`` reaches it as a
+``QuantizationMethod`` in ``EngineConfig.quantization`` (found by the gateway
+in whichever plugin declares it); the engine calls its ``quantize`` on every
+linear weight and packs the ``QuantizedWeight`` it gets, by format, for its
+kernels:
+
+- ``int8-per-channel``: ``kernels/panel_dot_bf16.cpp``'s int8 panels (the
+  integers widened to bf16, per-feature scales after the sums);
+- ``uint4-group{32,64,128}-asym``: ``kernels/panel_dot_uint4.cpp`` (nibbles
+  widened to bf16 ``16 + q`` by bit operations, the offset and zero point
+  folded into a per-group correction).
+
+Both compute ``bf16(x) @ W.T`` in fp32 sums over the weight the format
+defines, and need the AVX512_BF16 build of the kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from switchyard_spec import (
+    INT8_PER_CHANNEL,
+    EngineConfig,
+    EngineStartError,
+    Packing,
+    QuantizationMethod,
+    QuantizedWeight,
+    WeightFormat,
+)
+
+from switchyard_xeon.plugin import WEIGHT_FORMATS
+
+
+def check_method(config: EngineConfig) -> QuantizationMethod | None:
+    """The method to quantize with, or a start-up error saying why this engine cannot.
+
+    ``config.quantize`` must come resolved (``config.quantization``, as the
+    gateway builds it) to a method with a format the engine's kernels run.
+    """
+    method = config.quantization
+    if config.quantize is None and method is None:
+        return None
+    if method is None:
+        raise EngineStartError(
+            f"xeon engine: --quantize {config.quantize} came without its method; the gateway "
+            f"resolves it (switchyard.plugins.PluginHost.resolve_quantization)")
+    if not any(f in WEIGHT_FORMATS for f in method.formats):
+        formats = ", ".join(f.name for f in method.formats)
+        runs = ", ".join(f.name for f in WEIGHT_FORMATS)
+        raise EngineStartError(f"xeon engine: --quantize {method.name} produces {formats} "
+                               f"weights; its kernels run {runs}")
+    return method
+
+
+def quantized_dtype(config: EngineConfig, method: QuantizationMethod, dtype: torch.dtype,
+                    bf16_dot: bool, linears: str) -> torch.dtype:
+    """The dtype ``method`` runs in (bf16), or a start-up error saying why it cannot run here.
+
+    Its kernels are the bf16 dot-product ones over integers, so it needs what
+    bf16 needs (AVX512_BF16 and the native kernels, ``bf16_dot``; the uint4
+    panels too for uint4 formats) and a ``--dtype`` that is, or resolves to,
+    bfloat16 (``dtype``).
+    """
+    from switchyard_xeon.kernels import load_kernels
+
+    name = method.name
+    if config.dtype not in ("auto", "bfloat16"):
+        raise EngineStartError(
+            f"xeon engine: --quantize {name} computes bf16 matmuls over quantized weights; "
+            f"use --dtype auto or bfloat16, not {config.dtype}")
+    status = load_kernels()
+    uint4 = any(f.packing is Packing.UINT4_K_INT32 for f in method.formats)
+    if dtype != torch.bfloat16 or not bf16_dot or (uint4 and not status.uint4_dot):
+        if status.fn is None:
+            why = status.reason
+        elif not status.bf16_dot:
+            why = "this CPU has no AVX512_BF16"
+        elif uint4 and not status.uint4_dot:
+            why = "the uint4 panels failed their check"
+        else:
+            why = f"linears={linears}"
+        raise EngineStartError(
+            f"xeon engine: --quantize {name} runs on the AVX512_BF16 dot-product kernels, "
+            f"which are not available ({why})")
+    return torch.bfloat16
+
+
+def pack_quantized(weight: QuantizedWeight) -> torch.Tensor:
+    """``weight`` in the panel layout of its format's kernel (needs the AVX512_BF16 kernels)."""
+    ops = torch.ops.switchyard_xeon
+    fmt = weight.format
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"the xeon kernels do not run {fmt.name} weights")
+    if fmt.packing is Packing.INT8_ROWS:
+        return ops.pack_panels_int8_dot(weight.data, weight.scales)
+    return ops.pack_panels_uint4_dot(weight.data, weight.scales, weight.zero_points,
+                                     fmt.group_size, weight.in_features)
+
+
+def describe(fmt: WeightFormat) -> str:
+    """How the start-up log names weights of ``fmt``, e.g. "int8 weights (per-feature scales)"."""
+    if fmt == INT8_PER_CHANNEL:
+        return "int8 weights (per-feature scales)"
+    return f"uint4 weights (groups of {fmt.group_size}, scales and zero points)"
+
+
+def reference_weight(weight: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight ``weight`` stands for, from the format's definition in the contract.
+
+    Written here, apart from any method's ``dequantize``, so that the kernels
+    are checked against the contract rather than against the code that
+    produced their input.
+    """
+    if weight.format.packing is Packing.INT8_ROWS:
+        return weight.data.float() * weight.scales[:, None]
+    groups = torch.arange(weight.in_features) // weight.format.group_size
+    q = uint4_integers(weight).float()
+    return (q - weight.zero_points.float()[:, groups]) * weight.scales[:, groups]
+
+
+def uint4_integers(weight: QuantizedWeight) -> torch.Tensor:
+    """The integers ``q`` (0..15) of a ``Packing.UINT4_K_INT32`` weight as ``int64[N, K]``."""
+    shifts = torch.arange(8, dtype=torch.int64) * 4
+    words = weight.data.to(torch.int64) & 0xFFFFFFFF  # the int32 words' bits, unsigned
+    nibbles = (words[..., None] >> shifts) & 15
+    return nibbles.reshape(weight.out_features, -1)[:, : weight.in_features]
+
+
+def uint4_words(q: torch.Tensor) -> torch.Tensor:
+    """``uint8[N, K]`` values 0..15 as ``Packing.UINT4_K_INT32`` words (for checks and tests)."""
+    n, k = q.shape
+    padded = torch.zeros(n, -(-k // 8) * 8, dtype=torch.int64)
+    padded[:, :k] = q.to(torch.int64)
+    words = (padded.view(n, -1, 8) << (torch.arange(8, dtype=torch.int64) * 4)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)

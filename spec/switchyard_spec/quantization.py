@@ -1,0 +1,152 @@
+"""Weight formats: where a quantization method and an engine meet without knowing each other.
+
+A quantization method (``QuantizationMethod``, from any plugin) turns a
+linear layer's weight into a ``QuantizedWeight`` in one of the
+``WeightFormat`` records it declares. An engine declares the formats its
+kernels run (``EngineSpec.weight_formats``) and packs a ``QuantizedWeight``
+into whatever layout those kernels want. Neither plugin imports the other:
+they agree on a format record, whose fields say exactly which tensors a
+``QuantizedWeight`` holds and what they mean. The gateway refuses, before an
+engine is built, a ``--quantize`` method none of whose formats the engine runs.
+
+The formats in use are defined here (``INT8_PER_CHANNEL``,
+``uint4_group_asym``), so that two plugins name them alike. Nothing here
+imports torch: the tensors of a ``QuantizedWeight`` are held as opaque
+objects (``torch.Tensor`` at run time).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+
+class Packing(str, enum.Enum):
+    """How ``QuantizedWeight.data`` stores the integers of an [N, K] weight (N outputs, K inputs).
+
+    - ``INT8_ROWS``: ``int8[N, K]``, one signed byte per weight, row-major.
+    - ``UINT4_K_INT32``: ``int32[N, ceil(K / 8)]``, eight unsigned 4-bit
+      values per 32-bit word along K: weight ``k`` of a row is bits
+      ``4 * (k % 8)`` to ``4 * (k % 8) + 3`` of word ``k // 8``, least
+      significant first; a ragged last word is padded with zeros. This is the
+      layout of ipex's low-precision checkpoints ("N x K, UINT4 compressed
+      along K to int32").
+    """
+
+    INT8_ROWS = "int8[N,K]"
+    UINT4_K_INT32 = "int32[N,ceil(K/8)]"
+
+
+class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """A quantized weight format: the integers, their packing, scales and zero points.
+
+    For an [N, K] weight split along K into groups of ``group_size`` (the last
+    group may be shorter; ``group_size`` 0 means one group per output
+    feature, "per channel"), with ``groups = ceil(K / group_size)``:
+
+    - ``QuantizedWeight.data`` holds integers ``q`` as ``packing`` says;
+    - ``QuantizedWeight.scales`` is ``float32[N]`` per channel, else
+      ``float32[N, groups]``;
+    - with ``zero_point``, ``QuantizedWeight.zero_points`` is
+      ``uint8[N, groups]`` (integers in the range of ``q``), else None;
+    - the weight they stand for is ``(q[n, k] - z[n, g]) * s[n, g]``, or
+      ``q[n, k] * s[n]`` without zero points, computed in float32, with
+      ``g = k // group_size``.
+
+    Records compare by value: an engine runs a method's output when the
+    method's format equals one the engine declares. Use the records defined
+    in this module rather than building equal ones by hand.
+    """
+
+    name: str
+    """Unique and stable, e.g. "int8-per-channel", "uint4-group128-asym"."""
+    bits: int
+    """Bits per weight: 8 or 4."""
+    signed: bool
+    """Whether ``q`` is signed (int8: -127..127) or not (uint4: 0..15)."""
+    packing: Packing
+    group_size: int = 0
+    """Weights along K that share a scale (and zero point); 0: the whole row."""
+    zero_point: bool = False
+    """Asymmetric: a zero point per group (``QuantizedWeight.zero_points``)."""
+
+    @property
+    def levels(self) -> tuple[int, int]:
+        """The smallest and largest value of ``q``."""
+        if self.signed:
+            top = 2 ** (self.bits - 1) - 1
+            return -top, top  # symmetric: negating a weight never overflows
+        return 0, 2**self.bits - 1
+
+
+INT8_PER_CHANNEL = WeightFormat(name="int8-per-channel", bits=8, signed=True,
+                                packing=Packing.INT8_ROWS)
+"""Signed int8, symmetric (-127..127), one float32 scale per output feature."""
+
+UINT4_GROUP_SIZES = (32, 64, 128)
+"""The group sizes of ``uint4_group_asym`` formats in use."""
+
+
+def uint4_group_asym(group_size: int) -> WeightFormat:
+    """Unsigned 4-bit, asymmetric: a float32 scale and uint8 zero point per ``group_size`` weights.
+
+    Named ``uint4-group{group_size}-asym``; ``group_size`` is one of
+    ``UINT4_GROUP_SIZES``. The data is packed as ``Packing.UINT4_K_INT32``.
+    """
+    if group_size not in UINT4_GROUP_SIZES:
+        raise ValueError(f"uint4 group size must be one of {UINT4_GROUP_SIZES}, not {group_size}")
+    return WeightFormat(name=f"uint4-group{group_size}-asym", bits=4, signed=False,
+                        packing=Packing.UINT4_K_INT32, group_size=group_size, zero_point=True)
+
+
+class QuantizedWeight(msgspec.Struct, frozen=True, kw_only=True):
+    """One linear layer's weight in a ``WeightFormat``: what a method hands an engine.
+
+    The tensor fields are ``torch.Tensor`` objects on the CPU laid out as
+    ``format`` says; this record is built and read in one process (it is not
+    meant to be serialised).
+    """
+
+    format: WeightFormat
+    out_features: int
+    """N: rows of the weight."""
+    in_features: int
+    """K: columns of the weight (packed data may round it up)."""
+    data: Any
+    """The integers, packed as ``format.packing``."""
+    scales: Any
+    """float32 ``[N]`` (per channel) or ``[N, groups]``."""
+    zero_points: Any = None
+    """uint8 ``[N, groups]`` when ``format.zero_point``, else None."""
+
+
+class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
+    """A plugin's declaration of one quantization method, named as users pass it to ``--quantize``.
+
+    ``formats`` lists every format ``quantize`` may return; the gateway
+    serves the method only on an engine that runs at least one of them, and
+    the engine packs each ``QuantizedWeight`` by its ``format``. ``quantize``
+    and ``dequantize`` may import torch when called, never when the plugin's
+    hooks are imported. Which weights to quantize (every linear layer, the LM
+    head included, or fewer) is the engine's choice, stated in its docs.
+
+    Calibration (methods that must see activations, such as GPTQ,
+    SmoothQuant or FP8's measurement pass) is not part of this record yet:
+    no installed method needs it. It will come as an optional field, so
+    methods declared today keep working.
+    """
+
+    name: str
+    """What users pass to ``--quantize``, e.g. "int8"."""
+    description: str
+    formats: tuple[WeightFormat, ...]
+    """Every format ``quantize`` may return, in the method's order of preference."""
+    quantize: Callable[[Any], QuantizedWeight]
+    """Quantize one float weight ``[N, K]`` (a ``torch.Tensor``); deterministic."""
+    dequantize: Callable[[QuantizedWeight], Any]
+    """The float32 ``[N, K]`` weight a ``QuantizedWeight`` stands for (the
+    format's formula): what a reference computes with, and what an engine's
+    kernels are checked against."""
