@@ -24,6 +24,8 @@ import time
 from collections.abc import Sequence
 
 import torch
+
+from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard_spec import (
     Engine,
     EngineConfig,
@@ -42,7 +44,7 @@ from switchyard_spec import (
 from switchyard_gaudi.admission import Admission
 from switchyard_gaudi.assembly import assemble, prepare
 from switchyard_gaudi.device import Device
-from switchyard_gaudi.events import deliver, end, record
+from switchyard_gaudi.events import end, record
 from switchyard_gaudi.kv_cache import StaticKVCache
 from switchyard_gaudi.profiler import StepProfiler
 from switchyard_gaudi.rows import RowTable
@@ -96,27 +98,8 @@ class GaudiEngine(Engine):
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
         """Start the compute thread, which plans, loads the model and then runs the loop."""
-        started = threading.Event()
-        outcome: list[ModelInfo | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(self._load())
-            except BaseException as exc:  # handed to start()'s caller
-                outcome.append(exc)
-                return
-            finally:
-                started.set()
-            self._loop()
-
-        self._thread = threading.Thread(target=run, name="switchyard-gaudi", daemon=True)
-        self._thread.start()
-        started.wait()
-        if isinstance(outcome[0], BaseException):
-            self._thread.join()
-            self._thread = None
-            raise outcome[0]
-        return outcome[0]
+        self._thread, info = start_compute_thread("switchyard-gaudi", self._load, self._loop)
+        return info
 
     def _load(self) -> ModelInfo:
         """On the compute thread: plan (before any weight loads), then load and assemble."""

@@ -8,32 +8,14 @@ log-probabilities.
 
 from __future__ import annotations
 
-import logging
 
+from switchyard.engine.lifecycle import deliver, finish_reason
 from switchyard.engine.sampling import SampledToken
-from switchyard_spec import EventSink, FinishReason, TokenEvent
+from switchyard_spec import FinishReason, TokenEvent
 
 from switchyard_gaudi.sequence import GaudiSequence
 
-logger = logging.getLogger("switchyard.gaudi")
 
-
-def deliver(sink: EventSink, event: TokenEvent) -> None:
-    """Call a sink; a failing sink is logged, never allowed to stop the loop."""
-    try:
-        sink(event)
-    except Exception:
-        logger.exception("event sink for %s raised", event.request_id)
-
-
-def finish_reason(seq: GaudiSequence, token_id: int) -> FinishReason | None:
-    """Why ``seq`` stops after generating ``token_id``, or None if it goes on."""
-    stopping = seq.request.stopping
-    if not seq.ignore_eos and token_id in stopping.eos_token_ids:
-        return FinishReason.EOS_TOKEN
-    if seq.generated >= stopping.max_new_tokens or len(seq.tokens) >= seq.max_length:
-        return FinishReason.LENGTH
-    return None
 
 
 def record(seq: GaudiSequence, sampled: SampledToken) -> FinishReason | None:

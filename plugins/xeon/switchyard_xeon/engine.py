@@ -31,6 +31,7 @@ import time
 import msgspec
 import torch
 
+from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import (
@@ -60,7 +61,7 @@ from switchyard_xeon.decoder import (
     TransformersForward,
     decoder_unsupported,
 )
-from switchyard_xeon.events import deliver, emit, record_results
+from switchyard_xeon.events import emit, record_results
 from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
@@ -154,27 +155,8 @@ class XeonEngine(Engine):
         ``benchmarks/kernels/omp_pools.py``).
         """
         self._quantization = quantized.check_method(self.config)
-        started = threading.Event()
-        outcome: list[ModelInfo | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(self._load())
-            except BaseException as exc:  # handed to start()'s caller
-                outcome.append(exc)
-                return
-            finally:
-                started.set()
-            self._loop()
-
-        self._thread = threading.Thread(target=run, name="switchyard-xeon", daemon=True)
-        self._thread.start()
-        started.wait()
-        if isinstance(outcome[0], BaseException):
-            self._thread.join()
-            self._thread = None
-            raise outcome[0]
-        return outcome[0]
+        self._thread, info = start_compute_thread("switchyard-xeon", self._load, self._loop)
+        return info
 
     def _load(self) -> ModelInfo:
         """On the compute thread: place it, load and pack the model, size the cache."""

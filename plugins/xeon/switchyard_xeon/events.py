@@ -7,16 +7,14 @@ logged, never allowed to stop the loop.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence as Seq
 
+from switchyard.engine.lifecycle import deliver, finish_reason
 from switchyard.engine.sampling import SampledToken
-from switchyard_spec import EventSink, FinishReason, TokenEvent, TopToken
+from switchyard_spec import FinishReason, TokenEvent, TopToken
 
 from switchyard_xeon.scheduler import Scheduler
 from switchyard_xeon.sequence import Sequence
-
-logger = logging.getLogger("switchyard.xeon")
 
 
 def record_results(sched: Scheduler, batch: Seq[Sequence],
@@ -44,16 +42,6 @@ def record_results(sched: Scheduler, batch: Seq[Sequence],
              prompt_logprobs=prompt_logprobs, prompt_top_tokens=prompt_top)
 
 
-def finish_reason(seq: Sequence, token_id: int) -> FinishReason | None:
-    """Why ``seq`` stops after generating ``token_id``, or None if it goes on."""
-    stopping = seq.request.stopping
-    if not seq.ignore_eos and token_id in stopping.eos_token_ids:
-        return FinishReason.EOS_TOKEN
-    if seq.generated >= stopping.max_new_tokens or len(seq.tokens) >= seq.max_length:
-        return FinishReason.LENGTH
-    return None
-
-
 def emit(seq: Sequence, token_id: int, logprob: float = 0.0,
          top_tokens: tuple[TopToken, ...] = (), finish: FinishReason | None = None,
          error: str | None = None, prompt_logprobs: tuple[float, ...] = (),
@@ -66,10 +54,3 @@ def emit(seq: Sequence, token_id: int, logprob: float = 0.0,
         prompt_logprobs=prompt_logprobs, prompt_top_tokens=prompt_top_tokens,
     ))
 
-
-def deliver(sink: EventSink, event: TokenEvent) -> None:
-    """Call a sink; a failing sink is logged, never allowed to stop the loop."""
-    try:
-        sink(event)
-    except Exception:
-        logger.exception("event sink for %s raised", event.request_id)
