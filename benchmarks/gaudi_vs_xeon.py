@@ -56,9 +56,9 @@ def gaudi(model: Path, dtype: str, threads: int, env: dict[str, str], max_input:
     """A started Gaudi engine on the CPU device."""
     from switchyard_gaudi.engine import GaudiEngine
 
-    options = {"device": "cpu", "num_threads": str(threads), "max_input_tokens": str(max_input)}
+    options = {"device": "cpu", "num_threads": str(threads)}
     return GaudiEngine(EngineConfig(model_path=str(model), dtype=dtype, options=options,
-                                    **limits), env=env)
+                                    max_input_tokens=max_input, **limits), env=env)
 
 
 def xeon(model: Path, dtype: str, threads: int, **limits: int) -> Engine:

@@ -49,6 +49,10 @@ def main() -> None:
               default=0, help="Default: max-total-tokens - 1.")
 @click.option("--max-total-tokens", envvar="MAX_TOTAL_TOKENS", type=int, default=0,
               help="Default: min(max_position_embeddings, 4096).")
+@click.option("--sharded", envvar="SHARDED", type=click.BOOL, default=None,
+              help="true: split the model over devices with tensor parallelism (TGI's flag).")
+@click.option("--num-shard", envvar="NUM_SHARD", type=click.IntRange(min=1), default=None,
+              help="Devices to split the model over; implies --sharded true.")
 @click.option("--max-concurrent-requests", envvar="MAX_CONCURRENT_REQUESTS", type=int,
               default=128, show_default=True)
 @click.option("--max-best-of", envvar="MAX_BEST_OF", type=int, default=2, show_default=True)

@@ -26,6 +26,10 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     quantize: str | None = None
     max_input_tokens: int = 0
     max_total_tokens: int = 0
+    sharded: bool | None = None
+    """TGI's `--sharded`: None = as `num_shard` implies."""
+    num_shard: int | None = None
+    """TGI's `--num-shard`: ranks for tensor parallelism; None with `sharded` = all devices."""
     max_concurrent_requests: int = 128
     max_best_of: int = 2
     max_stop_sequences: int = 4
@@ -81,3 +85,17 @@ def resolve_token_limits(settings: ServeSettings, max_position_embeddings: int) 
             f"({max_position_embeddings})"
         )
     return TokenLimits(max_input_tokens=inputs, max_total_tokens=total)
+
+
+def resolve_num_shard(settings: ServeSettings) -> int:
+    """The ranks to ask of the engine, by TGI's rules for `--sharded` and `--num-shard`.
+
+    0 means "every device the engine has" (`--sharded true` alone).
+    """
+    if settings.sharded is False and (settings.num_shard or 1) > 1:
+        raise ValueError(f"--sharded false contradicts --num-shard {settings.num_shard}")
+    if settings.sharded is True and settings.num_shard == 1:
+        raise ValueError("--sharded true needs --num-shard of at least 2 (got 1)")
+    if settings.num_shard is not None:
+        return settings.num_shard
+    return 0 if settings.sharded else 1

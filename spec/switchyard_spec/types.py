@@ -186,10 +186,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """"auto", "float32", "bfloat16" or "float16"."""
     max_total_tokens: int = 0
     """Largest prompt + generated length one sequence may reach."""
+    max_input_tokens: int = 0
+    """Longest prompt the gateway will send (``--max-input-tokens``); 0 means
+    ``max_total_tokens - 1``. Engines that size shapes by prompt length (the
+    Gaudi engine's prompt buckets) plan for this many."""
     max_batch_size: int = 0
     """Most sequences decoded together; 0 lets the engine decide."""
     max_batch_prefill_tokens: int = 0
     max_batch_total_tokens: int = 0
+    num_shard: int = 1
+    """Devices (ranks) one model is split over with tensor parallelism
+    (``--sharded true --num-shard N``). An engine that cannot shard refuses
+    more than 1 at start-up with EngineStartError."""
     quantize: str | None = None
     """Name of a quantization method declared through ``switchyard_quantization_methods``."""
     quantization: QuantizationMethod | None = None

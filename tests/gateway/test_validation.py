@@ -6,7 +6,12 @@ import pytest
 
 from switchyard.errors import ApiError
 from switchyard.protocol.tgi import GenerateParameters
-from switchyard.settings import ServeSettings, TokenLimits, resolve_token_limits
+from switchyard.settings import (
+    ServeSettings,
+    TokenLimits,
+    resolve_num_shard,
+    resolve_token_limits,
+)
 from switchyard.validation import build_plan, check_inputs, check_parameters
 
 SETTINGS = ServeSettings()
@@ -76,3 +81,16 @@ def test_resolve_token_limits():
         max_input_tokens=2047, max_total_tokens=2048)
     with pytest.raises(ValueError):
         resolve_token_limits(ServeSettings(max_input_tokens=10, max_total_tokens=10), 2048)
+
+
+@pytest.mark.parametrize(("sharded", "num_shard", "ranks"), [
+    (None, None, 1), (False, None, 1), (None, 4, 4), (True, 2, 2), (True, None, 0)])
+def test_resolve_num_shard_follows_tgi(sharded, num_shard, ranks):
+    # TGI's launcher: --num-shard implies sharding; --sharded true alone means every device.
+    assert resolve_num_shard(ServeSettings(sharded=sharded, num_shard=num_shard)) == ranks
+
+
+@pytest.mark.parametrize(("sharded", "num_shard"), [(False, 2), (True, 1)])
+def test_resolve_num_shard_refuses_contradictions(sharded, num_shard):
+    with pytest.raises(ValueError, match="--sharded"):
+        resolve_num_shard(ServeSettings(sharded=sharded, num_shard=num_shard))

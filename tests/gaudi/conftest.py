@@ -32,10 +32,10 @@ threads waiting at barriers for a descheduled peer make every step slower."""
 def cpu_config(model_path: Path | str, options: dict[str, str] | None = None,
                **limits: int) -> EngineConfig:
     """A float32 engine config on the CPU device (96-token sequences, 48-token prompts, 8 rows)."""
-    values = {"max_total_tokens": 96, "max_batch_size": 8, "max_batch_prefill_tokens": 128,
-              **limits}
+    values = {"max_total_tokens": 96, "max_input_tokens": 48, "max_batch_size": 8,
+              "max_batch_prefill_tokens": 128, **limits}
     return EngineConfig(model_path=str(model_path), dtype="float32",
-                        options={**CPU_OPTIONS, "max_input_tokens": "48", **(options or {})},
+                        options={**CPU_OPTIONS, **(options or {})},
                         **values)  # type: ignore[arg-type]
 
 

@@ -32,7 +32,7 @@ def gaudi_server(model_cache: Path, default_model_path: Path,
     live = start_server(
         model_cache, tmp_path_factory.mktemp("logs"), "--engine", "gaudi",
         "--engine-option", "device=cpu", "--engine-option", "num_threads=1",
-        "--engine-option", "max_input_tokens=400", "--dtype", "float32",
+        "--max-input-tokens", "400", "--dtype", "float32",
         "--max-total-tokens", "512", "--max-input-tokens", "400", "--max-batch-size", "8",
         "--max-batch-prefill-tokens", "1024",
         env={"PREFILL_BATCH_BUCKET_SIZE": "2", "BATCH_BUCKET_SIZE": "4"}, timeout=300)

@@ -16,7 +16,7 @@ from pathlib import Path
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
-from switchyard.settings import ServeSettings, resolve_token_limits
+from switchyard.settings import ServeSettings, resolve_num_shard, resolve_token_limits
 from switchyard.text import load_tokenizer
 from switchyard_spec import EngineConfig, EngineStartError, StepObserver
 
@@ -71,6 +71,8 @@ def load_model(
             model_path=str(path),
             dtype=settings.dtype,
             max_total_tokens=settings.max_total_tokens,
+            max_input_tokens=settings.max_input_tokens,
+            num_shard=resolve_num_shard(settings),
             max_batch_size=settings.max_batch_size,
             max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
             max_batch_total_tokens=settings.max_batch_total_tokens,

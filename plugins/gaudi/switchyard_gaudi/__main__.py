@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = GaudiSettings.from_env()
         config = EngineConfig(model_path=args.model_id, dtype=args.dtype,
                               max_total_tokens=args.max_total_tokens,
+                              max_input_tokens=args.max_input_tokens,
                               max_batch_size=args.max_batch_size,
                               max_batch_prefill_tokens=args.max_batch_prefill_tokens,
                               max_batch_total_tokens=args.max_batch_total_tokens)
-        options = EngineOptions(max_input_tokens=args.max_input_tokens or None)
+        options = EngineOptions()
         dims = read_model_dims(args.model_id)
         dtype = serving_dtype(args.dtype, args.device)
         memory = memory_for(args.device, settings.enable_hpu_graph,

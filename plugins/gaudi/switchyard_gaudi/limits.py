@@ -4,8 +4,7 @@ Limits left at 0 by the gateway are chosen here, before any weight is
 loaded, and the result is checked by the warmup plan:
 
 - ``--max-total-tokens``: the model's context, at most 4,096 (the gateway's
-  default too); ``max_input_tokens`` (engine option; the gateway does not pass
-  its flag to engines) defaults to one less;
+  default too); ``--max-input-tokens`` defaults to one less;
 - ``--max-batch-size``: as given; else ``--max-batch-total-tokens`` divided by
   ``--max-total-tokens`` (the seed: "set it as bs * max-total-tokens"); else
   the largest batch up to 64 whose cache fits the device memory;
@@ -69,7 +68,6 @@ class EngineOptions:
     """The dynamo backend standing in for HPU graphs on the CPU."""
     device_memory: int | None = None
     """Bytes of device memory to plan for, instead of what is free (sizing, tests)."""
-    max_input_tokens: int | None = None
     num_threads: int | None = None
     max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS
     waiting_served_ratio: float = DEFAULT_WAITING_SERVED_RATIO
@@ -99,7 +97,6 @@ class EngineOptions:
             device=str(options.get("device", "auto")).strip().lower(),
             cpu_compile=cpu_compile,
             device_memory=parse_bytes("device_memory", raw_memory) if raw_memory else None,
-            max_input_tokens=_int(options, "max_input_tokens", 1),
             num_threads=_int(options, "num_threads", 1),
             max_waiting_tokens=DEFAULT_MAX_WAITING_TOKENS if waiting is None else waiting,
             waiting_served_ratio=ratio,
@@ -120,7 +117,10 @@ def resolve_plan(config: EngineConfig, options: EngineOptions, dims: ModelDims,
     """Fill the limits the gateway left at 0, and plan warmup; EngineStartError if none fits."""
     max_total = config.max_total_tokens or min(
         dims.max_position_embeddings or DEFAULT_MAX_TOTAL_TOKENS, DEFAULT_MAX_TOTAL_TOKENS)
-    max_input = options.max_input_tokens or max_total - 1
+    max_input = config.max_input_tokens or max_total - 1
+    if max_input >= max_total:
+        raise EngineStartError(f"--max-input-tokens ({max_input}) must be less than "
+                               f"--max-total-tokens ({max_total})")
     if config.max_batch_total_tokens and config.max_batch_total_tokens < max_total:
         raise EngineStartError(
             f"--max-batch-total-tokens ({config.max_batch_total_tokens}) must be at least "

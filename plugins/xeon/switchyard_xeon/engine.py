@@ -154,6 +154,11 @@ class XeonEngine(Engine):
         with two (135M shape, 2 cores, bf16 dot panels;
         ``benchmarks/kernels/omp_pools.py``).
         """
+        if self.config.num_shard != 1:
+            # One process, one OpenMP pool: tensor parallelism over sockets is not built here.
+            raise EngineStartError(
+                f"xeon engine: --num-shard {self.config.num_shard or 'all'} is not supported; it "
+                "serves a model on one process (drop --sharded/--num-shard)")
         self._quantization = quantized.check_method(self.config)
         self._thread, info = start_compute_thread("switchyard-xeon", self._load, self._loop)
         return info
