@@ -2,8 +2,9 @@
 
 One server for the module, on the default model in float32, with the seed's
 bucket variables set small (prompts padded to 128s, prefill batches to 2s,
-decode batches to 4s: 10 shapes, all warmed before it reports healthy). Every
-token and log-probability a client reads is checked against transformers.
+decode batches to 4s: 10 shapes, all warmed before it reports healthy), and
+`--max-concurrent-requests 4` so that overload is reachable. Every token and
+log-probability a client reads is checked against transformers.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import re
+import time
+
 import httpx
 import openai
 import pytest
 import torch
+from huggingface_hub import InferenceClient
 from text_generation import Client
 from transformers import AutoTokenizer
 
@@ -24,6 +29,8 @@ from tests.conftest import LiveServer, start_server, stop_server
 from .conftest import generate_greedy
 
 PROMPTS = ["def fibonacci(n):", "x", "import sys\nimport os\n\nclass Config:\n" * 3]
+PERMITS = 4
+LONG = 2000
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +39,9 @@ def gaudi_server(model_cache: Path, default_model_path: Path,
     live = start_server(
         model_cache, tmp_path_factory.mktemp("logs"), "--engine", "gaudi",
         "--engine-option", "device=cpu", "--engine-option", "num_threads=1",
-        "--max-input-tokens", "400", "--dtype", "float32",
-        "--max-total-tokens", "512", "--max-input-tokens", "400", "--max-batch-size", "8",
-        "--max-batch-prefill-tokens", "1024",
+        "--dtype", "float32",
+        "--max-total-tokens", "2048", "--max-input-tokens", "400", "--max-batch-size", "8",
+        "--max-batch-prefill-tokens", "1024", "--max-concurrent-requests", str(PERMITS),
         env={"PREFILL_BATCH_BUCKET_SIZE": "2", "BATCH_BUCKET_SIZE": "4"}, timeout=300)
     yield live
     stop_server(live)
@@ -50,7 +57,7 @@ def test_the_server_warmed_every_planned_shape_on_the_gaudi_engine(gaudi_server)
     assert "engine gaudi" in log
     assert "gaudi warmup: 10 shapes" in log and "(10 graphs compiled)" in log
     info = httpx.get(f"{gaudi_server.url}/info", timeout=30).json()
-    assert info["max_total_tokens"] == 512
+    assert info["max_total_tokens"] == 2048
 
 
 def test_greedy_tokens_and_logprobs_are_transformers(gaudi_server, reference_llama, tokenizer):
@@ -132,3 +139,77 @@ def test_openai_sdk_chat_and_completions(gaudi_server):
     for ours, theirs in zip(done.choices[0].logprobs.token_logprobs, tgi.details.tokens,
                             strict=True):
         assert abs(ours - theirs.logprob) < 1e-6
+
+
+def test_huggingface_hub_clients_read_the_same_tokens(gaudi_server):
+    hub = InferenceClient(base_url=gaudi_server.url, timeout=120)
+    tgi = Client(gaudi_server.url, timeout=120).generate(PROMPTS[0], max_new_tokens=6)
+    detailed = hub.text_generation(PROMPTS[0], max_new_tokens=6, details=True)
+    assert [t.id for t in detailed.details.tokens] == [t.id for t in tgi.details.tokens]
+    assert detailed.generated_text == tgi.generated_text
+    assert "".join(hub.text_generation(PROMPTS[0], max_new_tokens=6, stream=True)) \
+        == tgi.generated_text
+    messages = [{"role": "user", "content": "Hello"}]
+    chat = hub.chat_completion(messages, max_tokens=6, temperature=0)
+    streamed = "".join(c.choices[0].delta.content or ""
+                       for c in hub.chat_completion(messages, max_tokens=6, temperature=0,
+                                                    stream=True) if c.choices)
+    assert streamed == chat.choices[0].message.content
+
+
+_GAUGE = r"^{name}(?:\{{[^}}]*\}})? (?P<value>\S+)$"
+
+
+def _gauge(live: LiveServer, name: str) -> float:
+    text = httpx.get(f"{live.url}/metrics", timeout=30).text
+    match = re.search(_GAUGE.format(name=name), text, re.M)
+    assert match is not None, name
+    return float(match["value"])
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_overload_is_a_429_and_disconnects_abort_the_sequences(gaudi_server, tokenizer):
+    """Fill every permit with long streams: the next request is TGI's and OpenAI's 429;
+    closing the streams aborts their sequences, so the engine's batch empties at once."""
+    # 2,000 tokens take several seconds here; a bias against EOS keeps each stream running.
+    body = {"prompt": "tell me everything:", "max_tokens": LONG, "stream": True,
+            "logit_bias": {str(tokenizer.eos_token_id): -100}}
+    start = len(gaudi_server.log())
+    streams, readers = [], []
+    try:
+        for _ in range(PERMITS):
+            cm = httpx.stream("POST", f"{gaudi_server.url}/v1/completions", json=body,
+                              timeout=120)
+            streams.append(cm)
+            # Held open: a line iterator that is dropped closes its response.
+            readers.append(cm.__enter__().iter_lines())
+            next(line for line in readers[-1] if line.startswith("data:"))
+        tgi = httpx.post(f"{gaudi_server.url}/generate", json={"inputs": "hi",
+                         "parameters": {"max_new_tokens": 2}}, timeout=30)
+        assert tgi.status_code == 429
+        assert tgi.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
+        oai = httpx.post(f"{gaudi_server.url}/v1/completions", timeout=30,
+                         json={"prompt": "hi", "max_tokens": 2})
+        assert oai.status_code == 429
+        assert oai.json()["error"]["message"] == "Model is overloaded"
+        assert _gauge(gaudi_server, "tgi_batch_current_size") == PERMITS
+    finally:
+        for cm in streams:
+            cm.__exit__(None, None, None)
+    assert _wait_for(lambda: _gauge(gaudi_server, "tgi_batch_current_size") == 0, 20)
+    lines = [line for line in gaudi_server.log()[start:].splitlines()
+             if "switchyard.request" in line and "error=dropped" in line]
+    assert len(lines) == PERMITS, gaudi_server.log()[start:]
+    for line in lines:  # each ended when its client left, far short of its length
+        generated = int(re.search(r"tokens=\d+\+(\d+)", line)[1])
+        assert 1 <= generated < LONG // 2, line
+    assert httpx.post(f"{gaudi_server.url}/generate", timeout=60, json={
+        "inputs": "hi", "parameters": {"max_new_tokens": 2}}).status_code == 200
