@@ -8,10 +8,9 @@ lookup fail for every batch mate) or could never be served.
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass, replace
 
-from switchyard.engine.sampling import RowSampler
+from switchyard.engine.admission import make_sampler, request_problem
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineRequest, EngineStartError, EventSink, ModelInfo
 
@@ -170,15 +169,11 @@ class Admission:
 
     def build(self, request: EngineRequest, sink: EventSink) -> tuple[Sequence | None, str]:
         """The sequence for ``request``, or None and the reason it cannot be served."""
-        prompt = request.prompt_token_ids
-        n = len(prompt)
+        problem = request_problem(request, self.vocab_size)
+        if problem is not None:
+            return None, problem
+        n = len(request.prompt_token_ids)
         max_new = request.stopping.max_new_tokens
-        if n == 0:
-            return None, "the prompt is empty"
-        if max_new < 1:
-            return None, "max_new_tokens must be at least 1"
-        if any(not 0 <= t < self.vocab_size for t in prompt):
-            return None, f"prompt has token ids outside the vocabulary (size {self.vocab_size})"
         if n >= self.limits.max_total_tokens:
             return None, (
                 f"prompt of {n} tokens leaves no room under max_total_tokens "
@@ -187,12 +182,7 @@ class Admission:
         max_length = min(n + max_new, self.limits.max_total_tokens)
         if max_length > self.capacity_tokens:
             return None, f"{max_length} tokens exceed the cache capacity ({self.capacity_tokens})"
-        params = request.sampling
-        seed = params.seed
-        if params.do_sample and seed is None:
-            seed = secrets.randbits(63)
-        sampler = RowSampler(params, prompt, self.vocab_size, seed=seed,
-                             logprobs=request.logprobs, watermark=self.watermark)
         ignore_eos = request.stopping.ignore_eos or ignore_eos_forced()
-        seq = Sequence(request, sink, sampler, max_length=max_length, ignore_eos=ignore_eos)
+        seq = Sequence(request, sink, make_sampler(request, self.vocab_size, self.watermark),
+                       max_length=max_length, ignore_eos=ignore_eos)
         return seq, ""
