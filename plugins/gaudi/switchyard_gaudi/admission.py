@@ -1,15 +1,12 @@
 """Turning an EngineRequest into a GaudiSequence, or saying why it cannot be served.
 
-Requests arrive validated by the gateway, but the engine checks what would
-break a whole padded batch (an id outside the vocabulary fails the embedding
-lookup for every row) or could never be served under its limits.
+The toolkit's checks (:mod:`switchyard.engine.admission`) first, then this
+engine's own limit: a prompt longer than the last prompt bucket.
 """
 
 from __future__ import annotations
 
-import secrets
-
-from switchyard.engine.sampling import RowSampler
+from switchyard.engine.admission import make_sampler, request_problem
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineRequest, EventSink
 
@@ -34,25 +31,16 @@ class Admission:
     def build(self, request: EngineRequest, sink: EventSink,
               queued_at: float) -> tuple[GaudiSequence | None, str]:
         """The sequence for ``request`` (queued since ``queued_at``), or None and the reason."""
-        prompt = request.prompt_token_ids
-        n = len(prompt)
-        if n == 0:
-            return None, "the prompt is empty"
-        if request.stopping.max_new_tokens < 1:
-            return None, "max_new_tokens must be at least 1"
-        if any(not 0 <= t < self.vocab_size for t in prompt):
-            return None, f"prompt has token ids outside the vocabulary (size {self.vocab_size})"
+        problem = request_problem(request, self.vocab_size)
+        if problem is not None:
+            return None, problem
+        n = len(request.prompt_token_ids)
         if n > self.limits.max_input_tokens:
             return None, (f"prompt of {n} tokens is longer than max_input_tokens "
                           f"{self.limits.max_input_tokens}")
-        params = request.sampling
-        seed = params.seed
-        if params.do_sample and seed is None:
-            seed = secrets.randbits(63)
-        sampler = RowSampler(params, prompt, self.vocab_size, seed=seed,
-                             logprobs=request.logprobs, watermark=self.watermark)
         max_length = min(n + request.stopping.max_new_tokens, self.limits.max_total_tokens)
-        seq = GaudiSequence(request, sink, sampler, max_length=max_length,
+        seq = GaudiSequence(request, sink, make_sampler(request, self.vocab_size, self.watermark),
+                            max_length=max_length,
                             ignore_eos=request.stopping.ignore_eos or self.ignore_eos,
                             queued_at=queued_at)
         return seq, ""

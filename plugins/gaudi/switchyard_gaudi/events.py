@@ -8,14 +8,11 @@ log-probabilities.
 
 from __future__ import annotations
 
-
 from switchyard.engine.lifecycle import deliver, finish_reason
 from switchyard.engine.sampling import SampledToken
 from switchyard_spec import FinishReason, TokenEvent
 
 from switchyard_gaudi.sequence import GaudiSequence
-
-
 
 
 def record(seq: GaudiSequence, sampled: SampledToken) -> FinishReason | None:
@@ -33,7 +30,7 @@ def record(seq: GaudiSequence, sampled: SampledToken) -> FinishReason | None:
         queue_seconds=_queue_seconds(seq) if first else None,
     )
     if first:  # delivered: not held for the sequence's life
-        seq.prompt_logprobs, seq.prompt_top_tokens = [], []
+        seq.forget_prompt_scores()
     deliver(seq.sink, event)
     return finish
 
