@@ -197,6 +197,32 @@ def _generate(model: torch.nn.Module, prompts: list[list[int]], new: int) -> lis
     return want
 
 
+BF16_TIE = 0.05
+"""Logit margin within which a bf16 engine may break a near tie differently from its reference."""
+
+
+def _assert_greedy_near(model: torch.nn.Module, prompts: list[list[int]],
+                        got: list[list[int]], new: int, tol: float = BF16_TIE) -> None:
+    """Each of ``got``'s tokens is ``model``'s greedy choice after the same prefix, or within
+    ``tol`` of it.
+
+    In bf16 every value that enters a matmul or the cache is rounded to 8
+    bits of mantissa, so where our fp32 sums differ from the reference's in
+    the last bit (a native kernel's summation order, -march=native code on
+    another CPU) one rounding can move a logit by about 1e-2 and flip a near
+    tie. The check is teacher-forced on our tokens: a flipped tie is one
+    step, not every step after it, and any real error (a wrong weight, row or
+    position) moves logits far more than ``tol``.
+    """
+    with torch.inference_mode():
+        for prompt, tokens in zip(prompts, got, strict=True):
+            assert len(tokens) == new
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+            chosen = logits.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+            margin = logits.max(-1).values - chosen
+            assert float(margin.max()) <= tol, (prompt, tokens, margin.tolist())
+
+
 def _started(folder: Path, dtype: str = "float32", **options: str) -> XeonEngine:
     """A started engine (fp32 unless told) on ``folder``, small blocks, 16-token prefill chunks."""
     engine = XeonEngine(EngineConfig(
@@ -332,8 +358,21 @@ def _with_bf16_matmuls(model: torch.nn.Module,
     return twin
 
 
+def test_the_near_tie_check_rejects_other_tokens(family_model):
+    """``_assert_greedy_near`` is no blanket pass: the reference's own greedy tokens pass,
+    the same tokens with one changed do not."""
+    _, model = family_model
+    prompts = [[t % 500 + 1 for t in prompt_of(21, start=1)]]
+    want = _generate(model, prompts, 10)
+    _assert_greedy_near(model, prompts, want, 10, tol=0.0)
+    wrong = [want[0][:4] + [(want[0][4] + 1) % 500] + want[0][5:]]
+    with pytest.raises(AssertionError):
+        _assert_greedy_near(model, prompts, wrong, 10)
+
+
 def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, caplog):
-    """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls and KV cache, fp32 in between; parity.
+    """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls and KV cache, fp32 in between; parity
+    up to near ties (``_assert_greedy_near``).
 
     The reference is the same transformers model with each linear made a bf16
     matmul and attention over bf16-rounded keys and values; decode steps run
@@ -343,7 +382,7 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
     kernel_paths.require("panel_dot bf16")
     folder, model = family_model
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
-    want = _generate(_with_bf16_matmuls(model), prompts, 10)
+    reference = _with_bf16_matmuls(model)
     for forward in ("auto", "decoder", "transformers"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
@@ -354,7 +393,7 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
             assert engine._runner.cache.dtype == torch.bfloat16
             if forward != "transformers":
                 assert (engine._runner._forward.native is not None) == (forward == "auto")
-            assert _engine_tokens(engine, prompts, 10) == want, forward
+            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10)
         finally:
             engine.shutdown()
 

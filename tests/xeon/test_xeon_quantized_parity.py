@@ -1,4 +1,5 @@
-"""``--quantize int8`` and ``int4``: the engine's greedy tokens are a dequantized reference's.
+"""``--quantize int8`` and ``int4``: the engine's greedy tokens are a dequantized reference's
+(up to near ties, as bf16 allows: ``_assert_greedy_near``).
 
 For each family the engine's decoder claims (Llama, Mistral with a sliding
 window, Qwen2 with biases, Phi-3 with partial rotary), the reference is the
@@ -22,8 +23,8 @@ from tests.quant.methods import method
 from tests.xeon.conftest import TEST_OPTIONS, prompt_of
 from tests.xeon.quantized_reference import QuantizedMatmul
 from tests.xeon.test_xeon_decoder import (  # noqa: F401 (family_model is a fixture)
+    _assert_greedy_near,
     _engine_tokens,
-    _generate,
     _with_bf16_matmuls,
     family_model,
 )
@@ -62,7 +63,6 @@ def test_quantized_weights_match_generate_with_dequantized_weights(
     quantization = method(name)
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
     reference = _with_bf16_matmuls(model, quantization)
-    want = _generate(reference, prompts, 10)
     with torch.inference_mode():
         x = torch.tensor([prompts[0]])
         assert not torch.equal(_with_bf16_matmuls(model)(x).logits, reference(x).logits)
@@ -79,7 +79,7 @@ def test_quantized_weights_match_generate_with_dequantized_weights(
             assert LOGGED[name] in caplog.text
             if forward == "auto":
                 assert engine._runner._forward.native is not None  # decode_layers.cpp
-            assert _engine_tokens(engine, prompts, 10) == want, forward
+            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10)
         finally:
             engine.shutdown()
 
@@ -93,12 +93,12 @@ def test_int4_group_sizes_each_match_their_reference(tmp_path):
     prompts = [[t % 90 + 1 for t in prompt_of(n, start=s)] for n, s in ((17, 1), (5, 3))]
     for name in ("int4-g32", "int4-g64"):
         quantization = method(name)
-        want = _generate(_with_bf16_matmuls(model, quantization), prompts, 8)
+        reference = _with_bf16_matmuls(model, quantization)
         engine = XeonEngine(EngineConfig(model_path=str(tmp_path), quantize=name,
                                          quantization=quantization,
                                          options={**TEST_OPTIONS, "block_size": "4"}))
         engine.start()
         try:
-            assert _engine_tokens(engine, prompts, 8) == want, name
+            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 8), 8)
         finally:
             engine.shutdown()
