@@ -9,6 +9,7 @@ import sys
 import pytest
 from switchyard.plugins import PluginHost
 from switchyard_gaudi import device, plugin
+from switchyard_gaudi.model_code import describe_model_code
 from switchyard_spec import EngineConfig, EngineStartError
 
 
@@ -33,6 +34,18 @@ def test_switchyard_plugins_prints_the_reason():
                          text=True, timeout=120, check=True).stdout
     line = next(line for line in out.splitlines() if "plugin=gaudi" in line)
     assert "device present=no" in line and "habana_frameworks" in line
+    import transformers
+
+    assert f"model code: transformers {transformers.__version__}" in line
+
+
+def test_the_model_code_line_names_optimum_habana_when_a_gaudi_image_ships_it():
+    # The real distributions here: transformers 5, no optimum-habana.
+    assert "optimum-habana not installed" in describe_model_code()
+    versions = {"transformers": "4.55.4", "optimum-habana": "1.21.2"}
+    line = describe_model_code(versions.get)
+    assert line.startswith("model code: transformers 4.55.4")
+    assert "optimum-habana 1.21.2 installed but not used" in line
 
 
 def test_asking_for_the_hpu_without_one_says_how_to_run_on_the_cpu(default_model_path):

@@ -28,9 +28,11 @@ def probe() -> DeviceInfo:
     """Report whether an HPU is present (never raises)."""
     try:
         from switchyard_gaudi.device import detect_hpu  # torch: only when plugins are listed
+        from switchyard_gaudi.model_code import describe_model_code
 
         status = detect_hpu()
-        return DeviceInfo(available=status.available, name=status.name, detail=status.detail)
+        return DeviceInfo(available=status.available, name=status.name,
+                          detail=f"{status.detail}; {describe_model_code()}")
     except Exception as exc:  # a probe must never raise
         return DeviceInfo(available=False, name="Intel Gaudi (HPU)", detail=f"probe failed: {exc}")
 
