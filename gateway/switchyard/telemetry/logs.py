@@ -99,6 +99,24 @@ def configure_logging(level: str, json_output: bool = False) -> None:
     # Progress bars (transformers' "Loading weights") write to stderr past logging
     # and would break JSON lines; start-up logs its own steps instead.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _adopt_torch_logger()
+
+
+def _adopt_torch_logger() -> None:
+    """Send torch's log records through the root handler, in the one format.
+
+    Importing torch gives its "torch" logger a stderr handler of its own, with
+    propagation off, so its warnings (and those of libraries logging under it,
+    such as torchao's at import) would be written past the format set here.
+    torch is imported by every engine anyway; importing it first lets its
+    handler be replaced before anything logs through it.
+    """
+    import torch  # noqa: F401  (its import installs the handler replaced below)
+
+    torch_logger = logging.getLogger("torch")
+    for old in list(torch_logger.handlers):
+        torch_logger.removeHandler(old)
+    torch_logger.propagate = True
 
 
 def _ms(seconds: float) -> str:
