@@ -17,6 +17,7 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 
+from switchyard.models.config import ConfigError, ModelEntry, entries_from_settings
 from switchyard.models.loader import load_model
 from switchyard.models.served import ServedModel
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
@@ -29,7 +30,7 @@ from switchyard.telemetry import Telemetry, Tracing
 
 log = logging.getLogger("switchyard")
 
-ModelLoader = Callable[[ServeSettings, PluginHost], ServedModel]
+ModelLoader = Callable[[ModelEntry, PluginHost], ServedModel]
 
 
 def create_app(
@@ -39,10 +40,11 @@ def create_app(
     on_startup_failure: Callable[[], None] | None = None,
     tracing: Tracing | None = None,
 ) -> Litestar:
-    """Build the app; the model named by `settings` loads when the app starts.
+    """Build the app; the models `settings` names load when the app starts.
 
     `loader` defaults to `load_model` with the app's step observer (metrics).
-    `on_startup_failure` runs if the model cannot be loaded (the CLI exits then).
+    `on_startup_failure` runs if no model can be served (the CLI exits then);
+    with several models, one that fails is reported and the others serve.
     `tracing` defaults to OTLP export when `settings.otlp_endpoint` is set.
     """
     gateway = Gateway(settings=settings)
@@ -94,15 +96,36 @@ async def _load(
     loader: ModelLoader,
     on_failure: Callable[[], None] | None,
 ) -> None:
+    """Load every model in turn; one that fails is reported and does not stop the others."""
     try:
-        model = await asyncio.to_thread(loader, gateway.settings, plugins)
-    except Exception as exc:  # reported by /health and the 503s, and in the log
-        log.exception("start-up failed")
-        gateway.startup_error = f"{exc.__class__.__name__}: {exc}"
-        if on_failure is not None:
-            on_failure()
-        return
-    telemetry.metrics.add_model(model.limits.max_input_tokens, model.limits.max_total_tokens)
-    gateway.registry.add(model)
+        entries = entries_from_settings(gateway.settings)
+    except ConfigError as exc:
+        log.error("start-up failed: %s", exc)
+        return _give_up(gateway, f"ConfigError: {exc}", on_failure)
+    for entry in entries:
+        try:
+            model = await asyncio.to_thread(loader, entry, plugins)
+            telemetry.metrics.add_model(model.limits.max_input_tokens,
+                                        model.limits.max_total_tokens)
+            gateway.registry.add(model)
+        except Exception as exc:  # reported by /health, the model's 503s and the log
+            reason = f"{exc.__class__.__name__}: {exc}"
+            if len(entries) == 1:
+                log.exception("start-up failed")
+                return _give_up(gateway, reason, on_failure)
+            log.exception("model %s failed to load; the other models are served", entry.name)
+            gateway.registry.fail((entry.name, *entry.aliases), reason)
+            continue
+        log.info("model %s: served as %s", model.model_id,
+                 ", ".join([model.name, *sorted(model.aliases)]))
+    if not gateway.registry.models():
+        return _give_up(gateway, "no model could be loaded: " + "; ".join(
+            f"{name}: {why}" for name, why in gateway.registry.failed.items()), on_failure)
     gateway.ready = True
-    log.info("ready: serving %s", model.name)
+    log.info("ready: serving %s", ", ".join(m.name for m in gateway.registry.models()))
+
+
+def _give_up(gateway: Gateway, reason: str, on_failure: Callable[[], None] | None) -> None:
+    gateway.startup_error = reason
+    if on_failure is not None:
+        on_failure()

@@ -32,6 +32,9 @@ def main() -> None:
 
 
 @main.command()
+@click.option("--config", envvar="SWITCHYARD_CONFIG", default=None,
+              type=click.Path(dir_okay=False),
+              help="TOML file of models to serve ([[models]] tables; see docs/routing.md).")
 @click.option("--model-id", envvar="MODEL_ID", default=None,
               help="Local folder or hub id (from the local cache). Default: a small built-in model.")
 @click.option("--served-model-name", envvar="SERVED_MODEL_NAME", default=None,

@@ -7,12 +7,16 @@ is loaded (see `resolve_token_limits`).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import msgspec
 
 
 class ServeSettings(msgspec.Struct, kw_only=True):
     """Everything `switchyard serve` can be told."""
 
+    config: str | None = None
+    """A TOML file listing the models to serve (`[[models]]`); None: the one model of the flags."""
     model_id: str | None = None
     """Local folder or hub id (resolved through the local cache); None = the embedded default model."""
     served_model_name: str | None = None
@@ -71,7 +75,24 @@ class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_MAX_TOTAL_TOKENS = 4096
 
 
-def resolve_token_limits(settings: ServeSettings, max_position_embeddings: int) -> TokenLimits:
+class ModelLimits(Protocol):
+    """The per-model flags token limits and sharding are resolved from (ServeSettings, or
+    one entry of a config file)."""
+
+    @property
+    def max_input_tokens(self) -> int: ...
+
+    @property
+    def max_total_tokens(self) -> int: ...
+
+    @property
+    def sharded(self) -> bool | None: ...
+
+    @property
+    def num_shard(self) -> int | None: ...
+
+
+def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int) -> TokenLimits:
     """Fill unset limits from the model, as TGI does, and check they are coherent."""
     total = settings.max_total_tokens or min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS)
     inputs = settings.max_input_tokens or total - 1
@@ -87,7 +108,7 @@ def resolve_token_limits(settings: ServeSettings, max_position_embeddings: int) 
     return TokenLimits(max_input_tokens=inputs, max_total_tokens=total)
 
 
-def resolve_num_shard(settings: ServeSettings) -> int:
+def resolve_num_shard(settings: ModelLimits) -> int:
     """The ranks to ask of the engine, by TGI's rules for `--sharded` and `--num-shard`.
 
     0 means "every device the engine has" (`--sharded true` alone).

@@ -28,11 +28,15 @@ class Gateway:
         """`<version>-native`, as TGI reports outside its Docker image."""
         return f"{__version__}-native-{platform.machine()}"
 
-    def model(self, name: str | None = None) -> ServedModel:
-        """The served model for a request, or 503 while start-up is still running."""
+    def model(self, name: str | None = None, api: str = "openai") -> ServedModel:
+        """The served model for a request, or 503 while start-up is still running.
+
+        ``name`` is an OpenAI request's `model`, or the `X-Model` header of a
+        TGI route (``api="tgi"``: an unknown name is then TGI's 422).
+        """
         if not self.ready:
             detail = self.startup_error or "the model is still loading"
             raise ApiError(503, f"Model is not ready: {detail}", "unhealthy")
-        model = self.registry.resolve(name)
+        model = self.registry.resolve(name, api)
         note_model(model.name, model.engine_spec.name)  # labels the request's metrics
         return model

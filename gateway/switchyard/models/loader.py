@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from switchyard.models.config import ModelEntry
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
-from switchyard.settings import ServeSettings, resolve_num_shard, resolve_token_limits
+from switchyard.settings import resolve_num_shard, resolve_token_limits
 from switchyard.text import load_tokenizer
 from switchyard_spec import EngineConfig, EngineStartError, StepObserver
 
@@ -51,56 +52,62 @@ ObserverFactory = Callable[[str, str], StepObserver | None]
 
 
 def load_model(
-    settings: ServeSettings, plugins: PluginHost, step_observer: ObserverFactory | None = None
+    entry: ModelEntry, plugins: PluginHost, step_observer: ObserverFactory | None = None
 ) -> ServedModel:
-    """Build, load and warm up the model `settings` names. Blocking: call off the event loop.
+    """Build, load and warm up the model `entry` describes. Blocking: call off the event loop.
 
     `step_observer` (the gateway's metrics) is installed on the engine before
-    warmup, as the engine contract asks.
+    warmup, as the engine contract asks. An engine that started and then
+    failed is shut down before the error propagates, so that a server with
+    other models does not keep its thread and memory.
     """
     t0 = time.perf_counter()
-    model_id, path = resolve_model_path(settings.model_id, settings.revision)
+    model_id, path = resolve_model_path(entry.model_id, entry.revision)
     log.info("model %s: files at %s", model_id, path)
     tokenizer = load_tokenizer(path)
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
-    spec = plugins.select_engine(settings.engine)
+    spec = plugins.select_engine(entry.engine)
     # Before the engine exists: a --quantize it cannot run stops here, naming what it can.
-    quantization = plugins.resolve_quantization(settings.quantize, spec)
+    quantization = plugins.resolve_quantization(entry.quantize, spec)
     engine = spec.factory(
         EngineConfig(
             model_path=str(path),
-            dtype=settings.dtype,
-            max_total_tokens=settings.max_total_tokens,
-            max_input_tokens=settings.max_input_tokens,
-            num_shard=resolve_num_shard(settings),
-            max_batch_size=settings.max_batch_size,
-            max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
-            max_batch_total_tokens=settings.max_batch_total_tokens,
-            quantize=settings.quantize,
+            dtype=entry.dtype,
+            max_total_tokens=entry.max_total_tokens,
+            max_input_tokens=entry.max_input_tokens,
+            num_shard=resolve_num_shard(entry),
+            max_batch_size=entry.max_batch_size,
+            max_batch_prefill_tokens=entry.max_batch_prefill_tokens,
+            max_batch_total_tokens=entry.max_batch_total_tokens,
+            quantize=entry.quantize,
             quantization=quantization,
             options={
-                "max_waiting_tokens": str(settings.max_waiting_tokens),
-                "waiting_served_ratio": str(settings.waiting_served_ratio),
-                **settings.engine_options,
+                "max_waiting_tokens": str(entry.max_waiting_tokens),
+                "waiting_served_ratio": str(entry.waiting_served_ratio),
+                **entry.engine_options,
             },
         )
     )
     log.info("model %s: loading weights with engine %s", model_id, spec.name)
     info = engine.start()
-    limits = resolve_token_limits(settings, info.max_position_embeddings)
-    log.info(
-        "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d",
-        model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
-    )
-    name = settings.served_model_name or model_id
-    observer = step_observer(name, spec.name) if step_observer is not None else None
-    if observer is not None:
-        engine.set_step_observer(observer)
-    log.info("model %s: warming up", model_id)
-    report = engine.warmup()
+    try:
+        limits = resolve_token_limits(entry, info.max_position_embeddings)
+        log.info(
+            "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d",
+            model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
+        )
+        name = entry.served_model_name or model_id
+        observer = step_observer(name, spec.name) if step_observer is not None else None
+        if observer is not None:
+            engine.set_step_observer(observer)
+        log.info("model %s: warming up", model_id)
+        report = engine.warmup()
+    except BaseException:
+        engine.shutdown()
+        raise
     log.info("model %s: warm in %.1fs; ready after %.1fs", model_id, report.seconds,
              time.perf_counter() - t0)
-    aliases = frozenset({model_id} - {name})
+    aliases = frozenset(entry.aliases) - {name}
     return ServedModel(
         name=name,
         model_id=model_id,
@@ -109,7 +116,7 @@ def load_model(
         engine_spec=spec,
         info=info,
         limits=limits,
-        admission=Admission(limit=settings.max_concurrent_requests),
+        admission=Admission(limit=entry.max_concurrent_requests),
         aliases=aliases,
         warmup=report,
     )

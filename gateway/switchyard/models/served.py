@@ -164,6 +164,8 @@ class ServedModel:
     limits: TokenLimits
     admission: Admission
     aliases: frozenset[str] = field(default_factory=frozenset)
+    """More names clients may send (`aliases` in a config file); the registry adds the
+    model id too, unless another model took it first."""
     healthy: bool = True
     """Last known state: false after a generation error, until a sequence or a
     health probe succeeds again (TGI's backend health flag)."""

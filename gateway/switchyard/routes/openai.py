@@ -22,11 +22,14 @@ from switchyard.state import Gateway
 
 @get("/v1/models", summary="Served models", tags=["OpenAI"])
 async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
-    """The names clients may put in `model`."""
-    return oai.ModelList(
-        data=[oai.ModelCard(id=m.name, created=0, owned_by=m.model_id.split("/")[0])
-              for m in gw.registry.models()]
-    )
+    """The names clients may put in `model`: each model's name, then its aliases.
+
+    (The model id a model also answers to is not listed: for a local folder
+    it is a path.)
+    """
+    return oai.ModelList(data=[
+        oai.ModelCard(id=name, created=0, owned_by=m.model_id.split("/")[0])
+        for m in gw.registry.models() for name in (m.name, *sorted(m.aliases))])
 
 
 router = Router(

@@ -3,6 +3,7 @@ and Prometheus metrics (`/metrics`)."""
 
 from __future__ import annotations
 
+import msgspec
 from litestar import Response, Router, get
 from litestar.di import NamedDependency
 
@@ -16,20 +17,32 @@ from switchyard.telemetry.exposition import CONTENT_TYPE
 _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 
+class Degraded(msgspec.Struct, frozen=True, kw_only=True):
+    """`/health`'s body when some models of a config file failed to load and the rest serve."""
+
+    status: str = "degraded"
+    failed: dict[str, str]
+    """Each name of a model that failed -> why."""
+
+
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"],
      **openapi.HEALTH)
-async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | bytes]:
+async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | Degraded | bytes]:
     """200 once every model is loaded and warmed up and can generate; 503 otherwise.
 
     A model whose last generation failed is probed with a real 1-token
-    generation, and the answer follows the probe (TGI's health check).
+    generation, and the answer follows the probe (TGI's health check). Models
+    of a config file that failed to load are listed in a 200's body: the
+    others serve, so the server stays ready.
     """
     ok = gw.ready
     for model in gw.registry.models():
         ok = await model.check_health() and ok
-    if ok:
-        return Response(b"", status_code=200)
-    return Response(_UNHEALTHY, status_code=503)
+    if not ok:
+        return Response(_UNHEALTHY, status_code=503)
+    if gw.registry.failed:
+        return Response(Degraded(failed=dict(gw.registry.failed)), status_code=200)
+    return Response(b"", status_code=200)
 
 
 @get("/live", summary="Liveness", tags=["Operations"])

@@ -27,7 +27,7 @@ from switchyard.routes.errors import (
 )
 from switchyard.routes.openai_chat import chat_response
 from switchyard.routes.openai_completions import completion_response
-from switchyard.routes.tgi import compat_response
+from switchyard.routes.tgi import ModelHeader, compat_response
 from switchyard.state import Gateway
 
 
@@ -45,13 +45,14 @@ class _Shape(msgspec.Struct):
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.INVOCATIONS)
 async def invocations(
-    gw: NamedDependency[Gateway], request: Request[Any, Any, Any]
+    gw: NamedDependency[Gateway], request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[Any] | ServerSentEvent:
     """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
     body = await request.body()
     shape = msgspec.json.decode(body, type=_Shape)
     if shape.inputs:
-        return await compat_response(gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest))
+        return await compat_response(
+            gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest), x_model)
     if shape.messages:
         try:
             chat = msgspec.json.decode(body, type=oai.ChatCompletionRequest)

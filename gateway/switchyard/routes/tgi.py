@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 import msgspec
 from litestar import Response, Router, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
+from litestar.params import HeaderParameter, JSONBody
 from litestar.response import ServerSentEvent
 
 from switchyard import openapi
@@ -25,7 +26,7 @@ from switchyard.protocol import tgi
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.routes.openai_plans import chat_prompt
-from switchyard.routes.ops import health
+from switchyard.routes.ops import Degraded, health
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error
 from switchyard.validation import (
@@ -35,6 +36,12 @@ from switchyard.validation import (
     check_parameters,
     fan_out,
 )
+
+MODEL_HEADER = "X-Model"
+"""The header that picks a served model on TGI's routes (their bodies have no `model`)."""
+ModelHeader = Annotated[str | None, HeaderParameter(
+    name=MODEL_HEADER, required=False,
+    description="Served model name or alias (see /v1/models); absent: the default model.")]
 
 COMPUTE_TYPE = "cpu+optimized"
 
@@ -122,7 +129,7 @@ def _best_of_sequence(
 
 
 async def run_generate(
-    gw: Gateway, request: tgi.GenerateRequest
+    gw: Gateway, request: tgi.GenerateRequest, model_name: str | None = None
 ) -> tuple[tgi.GenerateResponse, dict[str, str]]:
     """Run one non-streamed generation; returns the body and TGI's timing headers.
 
@@ -131,7 +138,7 @@ async def run_generate(
     `details.best_of_sequences`.
     """
     start_time = time.perf_counter()
-    model = gw.model()
+    model = gw.model(model_name, "tgi")
     plan = plan_tgi(gw, model, request)
     best_of = _parameters(request).best_of or 1
     validated = time.perf_counter()
@@ -188,10 +195,11 @@ def _check_streamable(params: tgi.GenerateParameters) -> None:
         )
 
 
-async def stream_events(gw: Gateway, request: tgi.GenerateRequest) -> AsyncIterator[str]:
+async def stream_events(gw: Gateway, request: tgi.GenerateRequest,
+                        model_name: str | None = None) -> AsyncIterator[str]:
     """TGI's SSE events for one request; errors become an in-stream error event."""
     try:
-        model = gw.model()
+        model = gw.model(model_name, "tgi")
         _check_streamable(_parameters(request))
         plan = plan_tgi(gw, model, request)
         model.admission.acquire()
@@ -238,46 +246,51 @@ def sse(events: AsyncIterator[str], characters: int) -> ServerSentEvent:
 
 
 async def compat_response(
-    gw: Gateway, data: tgi.CompatGenerateRequest
+    gw: Gateway, data: tgi.CompatGenerateRequest, model_name: str | None = None
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility answer: a JSON array, or a stream when `stream` is true."""
     if data.stream:
-        return sse(stream_events(gw, data), len(data.inputs))
-    body, headers = await run_generate(gw, data)
+        return sse(stream_events(gw, data, model_name), len(data.inputs))
+    body, headers = await run_generate(gw, data, model_name)
     return Response([body], headers=headers, status_code=200)
 
 
 @post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.GENERATE)
 async def generate_route(
-    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
+    x_model: ModelHeader = None,
 ) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
-    body, headers = await run_generate(gw, data)
+    body, headers = await run_generate(gw, data, x_model)
     return Response(body, headers=headers, status_code=200)
 
 
 @post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.GENERATE_STREAM)
 async def generate_stream_route(
-    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
+    x_model: ModelHeader = None,
 ) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
-    return sse(stream_events(gw, data), len(data.inputs))
+    return sse(stream_events(gw, data, x_model), len(data.inputs))
 
 
 @post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.COMPAT)
 async def compat_route(
-    gw: NamedDependency[Gateway], data: JSONBody[tgi.CompatGenerateRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.CompatGenerateRequest],
+    x_model: ModelHeader = None,
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility route: a JSON array, or a stream when `stream` is true."""
-    return await compat_response(gw, data)
+    return await compat_response(gw, data, x_model)
 
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],
      include_in_schema=False)
-async def root_health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | bytes]:
+async def root_health(
+    gw: NamedDependency[Gateway]
+) -> Response[tgi.ErrorResponse | Degraded | bytes]:
     """TGI answers a GET on `/` like `/health`."""
     return await health.fn(gw)
 
@@ -285,10 +298,11 @@ async def root_health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorRespons
 @post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"],
       guards=[require_api_key], **openapi.TOKENIZE)
 async def tokenize_route(
-    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
+    x_model: ModelHeader = None,
 ) -> list[tgi.SimpleToken]:
     """Tokenize `inputs` as the model sees them, with offsets into the text."""
-    model = gw.model()
+    model = gw.model(x_model, "tgi")
     if not data.inputs:
         raise validation_error("`inputs` cannot be empty", param="inputs")
     return [

@@ -1,0 +1,80 @@
+"""`--config`: a TOML file of models; every mistake names the file, the entry and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from switchyard.models.config import ConfigError, ModelEntry, entries_from_settings, read_config
+from switchyard.settings import ServeSettings
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return path
+
+
+def test_without_a_file_the_flags_are_the_one_model():
+    flags = ServeSettings(model_id="/m", served_model_name="m", dtype="float32",
+                          max_total_tokens=300, engine_options={"num_threads": "1"})
+    [entry] = entries_from_settings(flags)
+    assert (entry.model_id, entry.name, entry.dtype, entry.max_total_tokens) == \
+        ("/m", "m", "float32", 300)
+    assert entry.engine_options == {"num_threads": "1"} and entry.aliases == ()
+
+
+def test_entries_override_the_flags_which_are_their_defaults(tmp_path):
+    path = _write(tmp_path, """
+[[models]]
+name = "a"
+aliases = ["first"]
+model_id = "/models/a"
+engine = "xeon"
+max_total_tokens = 2048
+engine_options = { num_threads = 1, prefix_caching = false }
+
+[[models]]
+model_id = "/models/b"
+dtype = "bfloat16"
+waiting_served_ratio = 1
+""")
+    flags = ServeSettings(config=str(path), dtype="float32", max_concurrent_requests=7)
+    a, b = entries_from_settings(flags)
+    assert isinstance(a, ModelEntry)
+    assert (a.name, a.aliases, a.engine, a.max_total_tokens, a.dtype) == \
+        ("a", ("first",), "xeon", 2048, "float32")
+    # TOML's typed values become the strings `--engine-option KEY=VALUE` gives.
+    assert a.engine_options == {"num_threads": "1", "prefix_caching": "false"}
+    assert a.max_concurrent_requests == 7
+    assert (b.name, b.dtype, b.waiting_served_ratio, b.engine) == \
+        ("/models/b", "bfloat16", 1.0, None)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "no [[models]] table"),
+    ("[server]\nport = 1\n[[models]]\nmodel_id = 'x'\n", "unknown top-level key server"),
+    ("[[models]]\nname = 'a'\nmax_total_tokens = 'many'\n",
+     "models[0] ('a'): field `max_total_tokens`: Expected `int`, got `str`"),
+    ("[[models]]\nname = 'a'\n[[models]]\nname = 'b'\nmax_tokens = 3\n",
+     "models[1] ('b'): unknown field `max_tokens`"),
+    ("[[models]]\nname = 'a'\nengine_options = { threads = [2] }\n",
+     "field `engine_options.threads` must be a string, number or boolean, not list"),
+    ("[[models]]\nname = 'a'\ndtype = 'int8'\n", "field `dtype` must be one of"),
+    ("[[models]]\nname = 'a'\nmax_concurrent_requests = 0\n",
+     "field `max_concurrent_requests` is out of range"),
+    ("[[models]]\nname = 'a'\n[[models]]\nname = 'b'\naliases = ['a']\n",
+     "models[1]: the name 'a' is already used by models[0]"),
+    ("[[models]\n", "not a readable TOML file"),
+])
+def test_mistakes_name_the_file_the_entry_and_the_field(tmp_path, text, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        read_config(path, ServeSettings())
+    assert str(err.value).startswith(str(path))
+    assert message in str(err.value)
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        entries_from_settings(ServeSettings(config=str(tmp_path / "nope.toml")))
