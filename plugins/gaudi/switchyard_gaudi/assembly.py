@@ -9,14 +9,17 @@ cache, the runner, the scheduler and admission around them.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import msgspec
 import torch
 from switchyard.engine.loading import dtype_name, load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
 
-from switchyard_gaudi import attention
+from switchyard_gaudi import attention, fp8, tensor_parallel
 from switchyard_gaudi.admission import Admission
 from switchyard_gaudi.device import HPU, Device, open_device
 from switchyard_gaudi.kv_cache import StaticKVCache
@@ -27,6 +30,11 @@ from switchyard_gaudi.runner import StaticRunner
 from switchyard_gaudi.scheduler import Policy, Scheduler, WaitingQueue
 from switchyard_gaudi.settings import GaudiSettings, inapplicable
 from switchyard_gaudi.warmup_plan import BucketSettings, Memory, WarmupPlan
+
+if TYPE_CHECKING:
+    from switchyard_quant.fp8_inc import Fp8Model, Fp8Plan
+
+    from switchyard_gaudi.shard_group import ShardGroup
 
 logger = logging.getLogger("switchyard.gaudi")
 
@@ -46,6 +54,10 @@ class Prepared:
     dims: ModelDims
     dtype: torch.dtype
     plan: WarmupPlan
+    fp8: Fp8Plan | None = None
+    """``QUANT_CONFIG``, read and checked for the device (None: not set)."""
+    ranks: int = 1
+    """Tensor-parallel ranks (``--num-shard``); the plan is one rank's."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,8 @@ class Parts:
     runner: StaticRunner
     scheduler: Scheduler
     admission: Admission
+    fp8: Fp8Model | None = None
+    """The model as INC prepared (MEASURE) or converted (QUANTIZE) it, under ``QUANT_CONFIG``."""
 
 
 def serving_dtype(requested: str, device_kind: str) -> torch.dtype:
@@ -67,10 +81,14 @@ def serving_dtype(requested: str, device_kind: str) -> torch.dtype:
     return resolve_dtype(requested)
 
 
-def memory_for(device_kind: str, graphs: bool, free: int) -> Memory:
-    """The memory a plan is checked against: ``free`` bytes, with graph room on an HPU."""
-    return Memory(free=free, graph_fraction=GRAPH_MEMORY_FRACTION
-                  if device_kind == HPU and graphs else 0.0)
+def memory_for(device_kind: str, graphs: bool, free: int, ranks: int = 1) -> Memory:
+    """The memory one rank's plan is checked against, with graph room on an HPU.
+
+    ``free`` bytes: each HPU's own; on the CPU device all ranks share the
+    host's memory, so each plans for ``free / ranks``.
+    """
+    return Memory(free=free if device_kind == HPU else free // ranks,
+                  graph_fraction=GRAPH_MEMORY_FRACTION if device_kind == HPU and graphs else 0.0)
 
 
 def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
@@ -83,50 +101,70 @@ def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
         recompute=settings.flash_attention_recompute)
     for note in inapplicable(settings, device.kind):
         logger.warning("gaudi: %s", note)
-    if settings.quant_config:
-        raise EngineStartError(
-            f"QUANT_CONFIG={settings.quant_config}: FP8 through Intel Neural Compressor is not "
-            "implemented in this engine yet; unset QUANT_CONFIG to serve in bf16")
     if config.quantize:
         raise EngineStartError(f"gaudi engine: --quantize {config.quantize} is not supported "
-                               "(FP8 will come through QUANT_CONFIG)")
+                               "(FP8 comes through QUANT_CONFIG)")
     dims = read_model_dims(config.model_path)
     if dims.model_type not in SUPPORTED_MODELS:
         raise EngineStartError(f"gaudi engine: model type {dims.model_type!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_MODELS)})")
     dtype = serving_dtype(config.dtype, device.kind)
+    fp8_plan = None
+    if settings.quant_config:  # before any weight loads: a bad config or missing stats stop here
+        fp8_plan = fp8.read_plan(settings.quant_config, device.kind, dtype_name(dtype))
+        settings = fp8.measuring_settings(settings, fp8_plan)
+        device.graphs = settings.enable_hpu_graph  # MEASURE runs eagerly
+        dims = fp8.fp8_dims(dims, config.model_path, fp8_plan)
+    ranks = tensor_parallel.resolve_ranks(config.num_shard, device, dims, os.environ)
+    if ranks > 1 and fp8_plan is not None:
+        raise EngineStartError("gaudi engine: QUANT_CONFIG (FP8) with --num-shard above 1 is "
+                               "not implemented; serve FP8 on one card, or shard in bf16")
     memory = memory_for(device.kind, device.graphs,
-                        options.device_memory or device.free_memory())
-    plan = resolve_plan(config, options, dims, BucketSettings.from_settings(settings),
-                        DTYPE_BYTES[dtype_name(dtype)], memory)
-    logger.info("gaudi: %s; graphs: %s", device.kind, device.describe())
+                        options.device_memory or device.free_memory(), ranks)
+    plan = resolve_plan(config, options, dims.per_rank(ranks),
+                        BucketSettings.from_settings(settings), DTYPE_BYTES[dtype_name(dtype)],
+                        memory)
+    logger.info("gaudi: %s; graphs: %s%s", device.kind, device.describe(),
+                f"; {ranks} ranks (tensor parallel), the plan is per rank" if ranks > 1 else "")
     for line in plan.describe().splitlines():
         logger.info("gaudi plan: %s", line)
-    return Prepared(settings, options, device, dims, dtype, plan)
+    return Prepared(settings, options, device, dims, dtype, plan, fp8_plan, ranks)
 
 
-def assemble(config: EngineConfig, p: Prepared) -> Parts:
-    """Load the weights onto the device and build the parts that serve them."""
+def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None) -> Parts:
+    """Load the weights onto the device and build the parts that serve them.
+
+    Sharded (``p.ranks`` > 1), this is rank 0: the model is split with AutoTP
+    as the followers split theirs, and the runner sends its ops to ``group``.
+    """
     if p.options.num_threads:
         torch.set_num_threads(p.options.num_threads)
     try:
         watermark = WatermarkConfig.from_env()
     except ValueError as exc:
         raise EngineStartError(str(exc)) from None
-    loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype), device=p.device.kind,
+    # Sharded, each rank loads on the host; AutoTP moves only its slices to the device.
+    loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype),
+                            device=p.device.kind if p.ranks == 1 else "cpu",
                             attn_implementation=attention.register())
+    # INC patches the linear layers in place, before the step functions are captured.
+    fp8_model = fp8.convert(loaded.model, p.fp8) if p.fp8 is not None else None
+    model = tensor_parallel.shard_model(loaded.model, p.device, p.ranks, p.dtype) \
+        if p.ranks > 1 else loaded.model
+    info = msgspec.structs.replace(loaded.info, device=p.device.kind)
     limits, grid = p.plan.limits, p.plan.grid
     # One row per decode row of the largest decode bucket: padding rows write to free rows.
-    cache = StaticKVCache(p.dims.num_layers, grid.decode_batch.limit, p.dims.num_kv_heads,
+    cache = StaticKVCache(p.dims.num_layers, grid.decode_batch.limit,
+                          p.dims.num_kv_heads // p.ranks,
                           limits.max_total_tokens, p.dims.head_dim, p.dtype,
                           p.device.torch_device)
     logger.info("gaudi: KV cache %d rows x %d tokens, %.1f MiB", cache.rows, cache.length,
                 cache.nbytes / 2**20)
-    runner = StaticRunner(loaded.model, cache, p.device, len(p.plan.shapes),
-                          capture_prefill=not p.settings.limit_hpu_graph)
+    runner = StaticRunner(model, cache, p.device, len(p.plan.shapes),
+                          capture_prefill=not p.settings.limit_hpu_graph, group=group)
     scheduler = Scheduler(grid, Policy(limits.max_batch_size, p.options.max_waiting_tokens,
                                        p.options.waiting_served_ratio),
                           WaitingQueue(p.settings.queue_threshold_ms))
     admission = Admission(limits, loaded.info.vocab_size, p.settings.ignore_eos_token, watermark)
-    return Parts(loaded.info, cache, RowTable(limits.max_batch_size), runner, scheduler,
-                 admission)
+    return Parts(info, cache, RowTable(limits.max_batch_size), runner, scheduler,
+                 admission, fp8_model)

@@ -3,7 +3,8 @@
 Everything the engine asks of its device goes through a :class:`Device`:
 ``mark_step`` (lazy mode's graph boundary), ``capture`` (HPU graphs, or
 ``torch.compile``), ``attention`` (Habana's FusedSDPA, or torch's SDPA),
-``free_memory`` and the profiler's activities. Each has a CPU implementation,
+``free_memory``, the profiler's activities, and for sharding the device
+count, the collective backend (HCCL, or gloo) and what lazy mode needs. Each has a CPU implementation,
 so the very same engine runs on the CPU device for tests
 (``--engine-option device=cpu``).
 
@@ -27,7 +28,7 @@ import importlib.util
 import logging
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -225,6 +226,44 @@ class Device:
             free, _total = torch.hpu.mem_get_info()  # type: ignore[attr-defined]
             return int(free)
         return available_cpu_memory()
+
+    # ------------------------------------------------------------ sharding
+    def count(self) -> int:
+        """Devices of this kind the engine can shard over (``--sharded true`` alone).
+
+        The HPUs Habana's runtime sees; 0 on the CPU device, which has no count
+        to take: its ranks are processes, so ``--num-shard`` must say how many.
+        """
+        if self.kind == HPU:
+            import habana_frameworks.torch.hpu as hthpu
+
+            return int(hthpu.device_count())
+        return 0
+
+    def collective_backend(self) -> str:
+        """The torch.distributed backend between ranks: HCCL on HPUs, gloo on the CPU.
+
+        Importing Habana's ``hccl`` module registers the "hccl" backend.
+        """
+        if self.kind == HPU:
+            import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+            return "hccl"
+        return "gloo"
+
+    def sharding_problem(self, environ: Mapping[str, str]) -> str | None:
+        """Why this device cannot run sharded as configured, or None.
+
+        HPU graphs in lazy mode capture the all-reduces of tensor parallelism
+        only with ``PT_HPU_ENABLE_LAZY_COLLECTIVES=true`` in the environment
+        (Habana's runtime reads it; the seed's eight-card commands set it).
+        """
+        if self.kind == HPU and self.lazy and self.graphs and \
+                environ.get("PT_HPU_ENABLE_LAZY_COLLECTIVES", "").strip().lower() \
+                not in ("1", "true"):
+            return ("HPU graphs in lazy mode need PT_HPU_ENABLE_LAZY_COLLECTIVES=true when "
+                    "sharded (as the seed's eight-card command sets it)")
+        return None
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         """What the torch profiler records on this device."""

@@ -12,7 +12,10 @@ Pieces, each in its own module: ``assembly`` (start-up order), ``settings`` (the
 ``device`` (the only module touching Habana's software), ``kv_cache`` and
 ``rows`` (the static cache and who holds which row), ``attention`` and
 ``runner`` (the captured forward passes), ``scheduler`` (TGI's router
-semantics), ``admission``, ``events`` and ``profiler``.
+semantics), ``admission``, ``events`` and ``profiler``; sharded
+(``--num-shard`` > 1), ``tensor_parallel`` (how many ranks, AutoTP),
+``shard_group`` (the follower processes and the ops sent to them) and
+``rank`` (a follower's main loop).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
+from switchyard_gaudi import fp8
 from switchyard_gaudi.admission import Admission
 from switchyard_gaudi.assembly import assemble, prepare
 from switchyard_gaudi.device import Device
@@ -51,6 +55,7 @@ from switchyard_gaudi.rows import RowTable
 from switchyard_gaudi.runner import StaticRunner
 from switchyard_gaudi.scheduler import Scheduler
 from switchyard_gaudi.sequence import GaudiSequence
+from switchyard_gaudi.shard_group import ShardFailure, ShardGroup
 from switchyard_gaudi.settings import GaudiSettings
 from switchyard_gaudi.warmup import run_warmup
 from switchyard_gaudi.warmup_plan import Shape, WarmupPlan
@@ -85,6 +90,12 @@ class GaudiEngine(Engine):
         self._rows: RowTable | None = None
         self._cache: StaticKVCache | None = None
         self._profiler: StepProfiler | None = None
+        self._fp8: object | None = None
+        """``QUANT_CONFIG``'s INC model: MEASURE writes its statistics at shutdown."""
+        self._group: ShardGroup | None = None
+        """Sharded (``--num-shard`` > 1): ranks 1 .. N-1, which follow this thread's ops."""
+        self._failure: str | None = None
+        """Why the engine stopped serving (a rank died); None while it serves."""
         self.running: list[GaudiSequence] = []
         """Sequences holding a cache row, in prefill order (owned by the compute thread)."""
         self._warmed: set[Shape] = set()
@@ -105,9 +116,23 @@ class GaudiEngine(Engine):
         """On the compute thread: plan (before any weight loads), then load and assemble."""
         prepared = prepare(self.config, self._env)
         self.settings, self.device, self.plan = prepared.settings, prepared.device, prepared.plan
-        parts = assemble(self.config, prepared)
+        group = None
+        if prepared.ranks > 1:  # the followers load their copies while this rank loads its own
+            group = ShardGroup.launch(self.config, prepared.ranks, prepared.device,
+                                      prepared.settings, prepared.options, prepared.dims,
+                                      prepared.dtype, prepared.plan, on_failure=self._wake)
+        try:
+            parts = assemble(self.config, prepared, group)
+            if group is not None:
+                group.wait_ready()
+        except BaseException:
+            if group is not None:
+                group.stop(graceful=False)
+            raise
+        self._group = group
         self._cache, self._rows, self._runner = parts.cache, parts.rows, parts.runner
         self._scheduler, self._admission = parts.scheduler, parts.admission
+        self._fp8 = parts.fp8
         self.info = parts.info
         return parts.info
 
@@ -158,8 +183,18 @@ class GaudiEngine(Engine):
         logger.info("gaudi engine shut down")
 
     def healthy(self) -> bool:
-        """Whether the compute loop is alive."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the compute loop is alive (and, sharded, every rank with it)."""
+        group = self._group
+        return self._thread is not None and self._thread.is_alive() and \
+            self._failure is None and (group is None or group.failure is None)
+
+    def follower_compiles(self) -> list[int]:
+        """Sharded: graphs each of ranks 1 .. N-1 compiled so far (empty when unsharded)."""
+        return self._group.report() if self._group is not None else []
+
+    def _wake(self) -> None:
+        """Wake the loop (a rank failed: it ends every sequence and stops)."""
+        self._inbox.put(("wake", None, None, 0.0))
 
     # ------------------------------------------------------ gateway calls
     def submit(self, request: EngineRequest, sink: EventSink) -> None:
@@ -169,7 +204,7 @@ class GaudiEngine(Engine):
                 self._inbox.put(("submit", request, sink, time.monotonic()))
                 return
         deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
-                                 error="engine is shut down"))
+                                 error=self._failure or "engine is shut down"))
 
     def abort(self, request_id: str) -> None:
         """Ask the loop to drop ``request_id`` at the next step boundary."""
@@ -194,10 +229,12 @@ class GaudiEngine(Engine):
                 while not self._stop.is_set():
                     idle = not self.running and not self._scheduler.queue
                     self._take_commands(block=idle)
-                    if self._stop.is_set():
+                    if self._stop.is_set() or self._shards_failed():
                         break
                     self._step()
                     self._publish_stats()
+                    if self._failure is not None:
+                        break
         except BaseException:
             logger.exception("gaudi engine loop crashed")
             raise
@@ -222,6 +259,23 @@ class GaudiEngine(Engine):
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _shards_failed(self) -> bool:
+        """Sharded: whether the group has failed (the watchdog saw a rank die); if so, fail."""
+        if self._group is not None and self._group.failure is not None and self._failure is None:
+            self._fail(self._group.failure)
+        return self._failure is not None
+
+    def _fail(self, reason: str) -> None:
+        """The ranks cannot go on: end every sequence with the error; the loop then stops."""
+        assert self._scheduler is not None
+        if self._failure is None:
+            self._failure = f"sharded engine failed: {reason}"
+            logger.error("gaudi: engine stops serving, failing %d sequences",
+                         len(self.running) + len(self._scheduler.queue))
+        for seq in [*self.running, *self._scheduler.queue]:
+            self._drop(seq)
+            end(seq, error=self._failure)
 
     def _find(self, request_id: str) -> GaudiSequence | None:
         assert self._scheduler is not None
@@ -283,7 +337,7 @@ class GaudiEngine(Engine):
         moves = dict(self._rows.compact(bound))
         for seq in self.running:
             if seq.row in moves:
-                self._cache.move(seq.row, moves[seq.row], seq.cached)
+                self._runner.move_row(seq.row, moves[seq.row], seq.cached)  # type: ignore
                 seq.row = moves[seq.row]
         if moves and self.device is not None:
             self.device.mark_step()
@@ -299,6 +353,9 @@ class GaudiEngine(Engine):
                 seq.started_at = begin
         try:
             sampled = (self._runner.prefill if prefill else self._runner.decode)(seqs, shape)
+        except ShardFailure as exc:  # the ranks are out of step: nothing more can run
+            self._fail(str(exc))
+            return
         except Exception as exc:  # one bad step must not take the engine down
             logger.exception("gaudi %s step over %d sequences failed", shape, len(seqs))
             for seq in seqs:
@@ -367,17 +424,24 @@ class GaudiEngine(Engine):
             self._closed = True
         if self._profiler is not None:
             self._profiler.stop()
+        fp8_model, self._fp8 = self._fp8, None
+        fp8.finish(fp8_model)  # type: ignore[arg-type]
         if self._scheduler is not None:
             for seq in [*self.running, *self._scheduler.queue]:
                 self._drop(seq)
                 end(seq, finish=FinishReason.ABORTED)
         while not self._inbox.empty():
             kind, payload, sink, _ = self._inbox.get_nowait()
-            if kind == "submit":
+            if kind == "submit" and self._failure is not None:
+                deliver(sink, TokenEvent(request_id=payload.request_id,  # type: ignore
+                                         token_id=-1, error=self._failure))
+            elif kind == "submit":
                 deliver(sink, TokenEvent(request_id=payload.request_id,  # type: ignore
                                          token_id=-1, finish_reason=FinishReason.ABORTED))
             elif kind == "warmup":
                 payload[1].append(EngineStartError("engine shut down"))  # type: ignore
                 payload[0].set()  # type: ignore
+        if self._group is not None:  # the followers exit, and are reaped, before the thread ends
+            self._group.stop()
         if self._scheduler is not None and self.plan is not None:
             self._publish_stats()

@@ -34,6 +34,7 @@ from switchyard_gaudi.warmup_plan import (
 DEFAULT_MAX_TOTAL_TOKENS = 4096
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_PREFILL_TOKENS = 4096
+DEFAULT_SHARD_TIMEOUT_S = 120.0
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
 
@@ -71,6 +72,9 @@ class EngineOptions:
     num_threads: int | None = None
     max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS
     waiting_served_ratio: float = DEFAULT_WAITING_SERVED_RATIO
+    shard_timeout: float = DEFAULT_SHARD_TIMEOUT_S
+    """Sharded: seconds a rank waits in a collective for a peer that hangs (a dead one
+    fails it at once)."""
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> EngineOptions:
@@ -93,6 +97,14 @@ class EngineOptions:
         if ratio < 0:
             raise EngineStartError("gaudi option waiting_served_ratio must not be negative")
         waiting = _int(options, "max_waiting_tokens", 0)
+        raw_timeout = str(options.get("shard_timeout", "")).strip()
+        try:
+            shard_timeout = float(raw_timeout) if raw_timeout else DEFAULT_SHARD_TIMEOUT_S
+        except ValueError:
+            raise EngineStartError(
+                f"gaudi option shard_timeout={raw_timeout!r} is not a number") from None
+        if shard_timeout <= 0:
+            raise EngineStartError("gaudi option shard_timeout must be positive (seconds)")
         return cls(
             device=str(options.get("device", "auto")).strip().lower(),
             cpu_compile=cpu_compile,
@@ -100,6 +112,7 @@ class EngineOptions:
             num_threads=_int(options, "num_threads", 1),
             max_waiting_tokens=DEFAULT_MAX_WAITING_TOKENS if waiting is None else waiting,
             waiting_served_ratio=ratio,
+            shard_timeout=shard_timeout,
         )
 
 

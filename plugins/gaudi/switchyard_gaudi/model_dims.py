@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from switchyard_spec import EngineStartError
@@ -35,14 +35,37 @@ class ModelDims:
     max_position_embeddings: int
     parameters: int
     """Elements of every floating-point weight in the checkpoint (tied ones once)."""
+    fp8_parameters: int = 0
+    """Of those, the elements held in FP8, one byte each (``QUANT_CONFIG`` in QUANTIZE mode)."""
+    tied_embeddings: bool = False
+    """The LM head shares the input embedding's weight (``tie_word_embeddings``)."""
 
     def weight_bytes(self, dtype_bytes: int) -> int:
-        """Device bytes of the weights held in a dtype of ``dtype_bytes``."""
-        return self.parameters * dtype_bytes
+        """Device bytes of the weights held in a dtype of ``dtype_bytes`` (FP8 ones at one byte)."""
+        return (self.parameters - self.fp8_parameters) * dtype_bytes + self.fp8_parameters
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Cache bytes one token takes: keys and values of every layer."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def per_rank(self, ranks: int) -> ModelDims:
+        """The sizes one of ``ranks`` tensor-parallel ranks holds (DeepSpeed AutoTP's split).
+
+        Attention heads, key/value heads and the MLP's intermediate size are
+        split; so are the linear weights and the LM head. The input embedding
+        (and the norms, counted with the split weights here: they are tiny) is
+        whole on every rank. The hidden size and the vocabulary, hence the
+        residual stream and the logits, are whole too.
+        """
+        if ranks == 1:
+            return self
+        embedding = self.vocab_size * self.hidden_size
+        split = self.parameters - embedding + (embedding if self.tied_embeddings else 0)
+        return replace(self, num_heads=-(-self.num_heads // ranks),
+                       num_kv_heads=-(-self.num_kv_heads // ranks),
+                       intermediate_size=-(-self.intermediate_size // ranks),
+                       parameters=embedding + -(-split // ranks),
+                       fp8_parameters=-(-self.fp8_parameters // ranks))
 
 
 def _safetensors_elements(path: Path) -> int:
@@ -56,6 +79,19 @@ def _safetensors_elements(path: Path) -> int:
             continue
         total += math.prod(entry["shape"])
     return total
+
+
+def safetensors_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every floating-point tensor's name and shape in the folder's safetensors headers."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(Path(model_path).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__" and str(entry.get("dtype", "")).startswith(("F", "BF")):
+                shapes[name] = tuple(int(d) for d in entry["shape"])
+    return shapes
 
 
 def read_model_dims(model_path: str | Path) -> ModelDims:
@@ -81,6 +117,8 @@ def read_model_dims(model_path: str | Path) -> ModelDims:
             vocab_size=int(text["vocab_size"]),
             max_position_embeddings=int(text.get("max_position_embeddings") or 0),
             parameters=sum(_safetensors_elements(p) for p in sorted(folder.glob("*.safetensors"))),
+            tied_embeddings=bool(text.get("tie_word_embeddings",
+                                          config.get("tie_word_embeddings", False))),
         )
     except (KeyError, TypeError, ValueError, OSError, struct.error) as exc:
         raise EngineStartError(f"cannot read the model's sizes in {folder}: {exc!r}") from exc

@@ -12,11 +12,20 @@ Padding rows feed token 0: in prefill they write to the cache's scratch row,
 in decode to free rows, and their logits are never read. Sampling and
 prompt scoring use the shared toolkit (``switchyard.engine``) on the real
 rows, outside the captured graphs.
+
+Sharded, every rank holds a runner over its part of the model and its own
+cache; rank 0's (the one given a ``group``) sends each device operation
+(:meth:`StaticRunner.forward_prefill`, :meth:`~StaticRunner.forward_decode`,
+:meth:`~StaticRunner.project` for prompt scores, :meth:`~StaticRunner.move_row`)
+to the other ranks before running it, and they run the same method on the
+same host tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from switchyard.engine.logprobs import prompt_scores
@@ -27,7 +36,12 @@ from switchyard_gaudi.attention import STEP_KWARG, StepInputs
 from switchyard_gaudi.device import Device
 from switchyard_gaudi.kv_cache import StaticKVCache
 from switchyard_gaudi.sequence import GaudiSequence
+from switchyard_gaudi.shard_group import DECODE, MOVE, SCORE
+from switchyard_gaudi.shard_group import PREFILL as PREFILL_OP
 from switchyard_gaudi.warmup_plan import PREFILL, Shape
+
+if TYPE_CHECKING:
+    from switchyard_gaudi.shard_group import ShardGroup
 
 SCORE_CHUNK = 256
 """Prompt positions projected onto the vocabulary at once when scoring a prompt."""
@@ -37,15 +51,22 @@ class StaticRunner:
     """Runs a causal LM's bucketed prefill and decode steps against a static cache.
 
     ``capture_prefill`` is False under ``LIMIT_HPU_GRAPH``: prefill then runs
-    uncaptured (eagerly), to save the graphs' memory.
+    uncaptured (eagerly), to save the graphs' memory. ``group`` is set on rank
+    0 of a sharded engine: each device operation is sent to the other ranks first.
     """
 
     def __init__(self, model: torch.nn.Module, cache: StaticKVCache, device: Device,
-                 shapes: int, capture_prefill: bool = True) -> None:
+                 shapes: int, capture_prefill: bool = True,
+                 group: ShardGroup | None = None) -> None:
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.cache = cache
         self.device = device
+        self.group = group
+        self.keep_hidden = False
+        """Set on ranks 1 .. N-1: they keep the last prefill's hidden states to project
+        the same prompt positions as rank 0 (:meth:`project`)."""
+        self.last_hidden: torch.Tensor | None = None
         self._prefill = device.capture(self._prefill_fn, shapes) if capture_prefill \
             else self._prefill_fn
         self._decode = device.capture(self._decode_fn, shapes)
@@ -59,13 +80,18 @@ class StaticRunner:
         hidden = self.base(input_ids=ids, position_ids=positions, use_cache=False,
                            **{STEP_KWARG: step}).last_hidden_state
         final = hidden[torch.arange(batch, device=ids.device), last]
-        return self.head(final), hidden
+        return self._head(final), hidden
 
     def _decode_fn(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         step = StepInputs(self.cache, self.device, prefill=False, positions=positions)
         hidden = self.base(input_ids=ids, position_ids=positions[:, None], use_cache=False,
                            **{STEP_KWARG: step}).last_hidden_state
-        return self.head(hidden[:, 0])
+        return self._head(hidden[:, 0])
+
+    def _head(self, rows: torch.Tensor) -> torch.Tensor:
+        """The LM head over ``rows`` [N, hidden], given as [1, N, hidden]: DeepSpeed's split
+        head slices its input along the last dimension of a [batch, seq, hidden] tensor."""
+        return self.head(rows[None])[0]
 
     # ----------------------------------------------------------- the steps
     def prefill(self, seqs: Sequence[GaudiSequence], shape: Shape) -> list[SampledToken]:
@@ -74,7 +100,6 @@ class StaticRunner:
         Prompt log-probabilities of the sequences that ask are appended to
         their ``prompt_logprobs`` / ``prompt_top_tokens``.
         """
-        dev = self.device.torch_device
         ids = torch.zeros(shape.batch, shape.length, dtype=torch.long)
         rows = torch.full((shape.batch,), self.cache.scratch_row, dtype=torch.long)
         last = torch.zeros(shape.batch, dtype=torch.long)
@@ -82,10 +107,7 @@ class StaticRunner:
             ids[i, : seq.prompt_len] = torch.tensor(seq.request.prompt_token_ids)
             rows[i] = seq.row
             last[i] = seq.prompt_len - 1
-        ids, rows, last = ids.to(dev), rows.to(dev), last.to(dev)
-        self.device.mark_step()
-        logits, hidden = self._prefill(ids, rows, last)
-        self.device.mark_step()
+        logits, hidden = self.forward_prefill(ids, rows, last)
         carry, scored = self._score_prompts(seqs, hidden)
         result = sample_step(logits[: len(seqs)], [s.sampler for s in seqs], carry)
         if scored:
@@ -99,25 +121,57 @@ class StaticRunner:
         for seq in seqs:
             ids[seq.row, 0] = seq.tokens[-1]
             positions[seq.row] = len(seq.tokens) - 1
-        dev = self.device.torch_device
-        self.device.mark_step()
-        logits = self._decode(ids.to(dev), positions.to(dev))
-        self.device.mark_step()
+        logits = self.forward_decode(ids, positions)
         picked = torch.tensor([seq.row for seq in seqs], device=logits.device)
         return sample_step(logits.index_select(0, picked), [s.sampler for s in seqs]).tokens
 
     def warm(self, shape: Shape) -> None:
         """Run ``shape`` once on padding alone (padding rows write only to free rows)."""
-        dev = self.device.torch_device
         ids = torch.zeros(shape.batch, shape.length if shape.phase == PREFILL else 1,
-                          dtype=torch.long, device=dev)
-        zeros = torch.zeros(shape.batch, dtype=torch.long, device=dev)
+                          dtype=torch.long)
+        zeros = torch.zeros(shape.batch, dtype=torch.long)
         if shape.phase == PREFILL:
             rows = torch.full_like(zeros, self.cache.scratch_row)
-            self._prefill(ids, rows, zeros)
+            self.forward_prefill(ids, rows, zeros)
         else:
-            self._decode(ids, zeros)
-        self.device.mark_step()
+            self.forward_decode(ids, zeros)
+
+    # ------------------------------------------- device operations (every rank)
+    def forward_prefill(self, ids: torch.Tensor, rows: torch.Tensor,
+                        last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured prefill on host tensors ``ids`` [P, S], ``rows`` [P], ``last`` [P]."""
+        with self._lockstep(PREFILL_OP, ids, rows, last):
+            dev = self.device.torch_device
+            self.device.mark_step()
+            logits, hidden = self._prefill(ids.to(dev), rows.to(dev), last.to(dev))
+            self.device.mark_step()
+        if self.keep_hidden:
+            self.last_hidden = hidden
+        return logits, hidden
+
+    def forward_decode(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The captured decode on host tensors ``ids`` [B, 1] and ``positions`` [B]."""
+        with self._lockstep(DECODE, ids, positions):
+            dev = self.device.torch_device
+            self.device.mark_step()
+            logits = self._decode(ids.to(dev), positions.to(dev))
+            self.device.mark_step()
+        return logits
+
+    def project(self, hidden: torch.Tensor, row: int, start: int, end: int) -> torch.Tensor:
+        """Logits of ``hidden[row, start:end]``, for prompt scores (the LM head is split too)."""
+        with self._lockstep(SCORE, row, start, end):
+            logits = self._head(hidden[row, start:end])
+        return logits
+
+    def move_row(self, src: int, dst: int, columns: int) -> None:
+        """Move a sequence's first ``columns`` cached tokens from row ``src`` to row ``dst``."""
+        with self._lockstep(MOVE, src, dst, columns):
+            self.cache.move(src, dst, columns)
+
+    def _lockstep(self, op: str, *args: object) -> AbstractContextManager[None]:
+        """Sharded rank 0: send the op to the other ranks, then run it (see ShardGroup.step)."""
+        return self.group.step(op, *args) if self.group is not None else nullcontext()
 
     # ------------------------------------------------------ prompt scores
     def _score_prompts(self, seqs: Sequence[GaudiSequence], hidden: torch.Tensor
@@ -137,7 +191,7 @@ class StaticRunner:
                 continue
             top_n = seq.request.sampling.top_n_tokens
             targets = torch.tensor(seq.request.prompt_token_ids[1:], device=hidden.device)
-            chunks = [prompt_scores(self.head(hidden[i, a : min(a + SCORE_CHUNK, n)]),
+            chunks = [prompt_scores(self.project(hidden, i, a, min(a + SCORE_CHUNK, n)),
                                     targets[a : a + SCORE_CHUNK], top_n=top_n)
                       for a in range(0, n, SCORE_CHUNK)]
             top_n = chunks[0].top_ids.shape[1]
