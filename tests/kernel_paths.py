@@ -47,7 +47,17 @@ PATHS = (
                "(kernels/panel_dot_bf16.cpp)", "AVX512_BF16"),
     KernelPath("panel uint4", "uint4 weights, bf16 dot products (kernels/panel_dot_uint4.cpp)",
                "AVX512_BF16"),
+    KernelPath("w8a8 amx", "W8A8 int8 GEMM on AMX tiles, tdpbusd (kernels/panel_w8a8.cpp)",
+               "AMX-INT8 and the kernel's tile permission", twin="w8a8 vnni"),
+    KernelPath("w8a8 vnni", "W8A8 int8 panels, vpdpbusd (kernels/panel_w8a8.cpp)",
+               "AVX512-VNNI", twin="w8a8 avx2"),
+    KernelPath("w8a8 avx2", "W8A8 int8 panels, vpmaddubsw (kernels/panel_w8a8.cpp)", "AVX2",
+               twin="w8a8 scalar"),
+    KernelPath("w8a8 scalar", "W8A8 int8 panels, plain loops (kernels/panel_w8a8.cpp)",
+               "any x86-64 build"),
 )
+W8A8_PATH_NUMBERS = {"w8a8 amx": 1, "w8a8 vnni": 2, "w8a8 avx2": 3, "w8a8 scalar": 4}
+"""``panel_w8a8.cpp``'s ``path`` argument for each W8A8 path."""
 BY_NAME = {p.name: p for p in PATHS}
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -70,6 +80,7 @@ def unavailable(name: str) -> str:
     import torch
 
     ops = torch.ops.switchyard_xeon
+    w8a8 = ops.w8a8_paths() if status.w8a8 else 0
     have = {
         "paged_attention": True,
         "paged_prefill": status.prefill is not None,
@@ -80,6 +91,7 @@ def unavailable(name: str) -> str:
         "panel_dot bf16": status.bf16_dot,
         "panel int8": status.bf16_dot,
         "panel uint4": status.uint4_dot,
+        **{p: bool(w8a8 >> n & 1) for p, n in W8A8_PATH_NUMBERS.items()},
     }[name]
     return "" if have else f"needs {BY_NAME[name].needs}, which this build lacks"
 

@@ -10,7 +10,11 @@ they agree on a format record, whose fields say exactly which tensors a
 engine is built, a ``--quantize`` method none of whose formats the engine runs.
 
 The formats in use are defined here (``INT8_PER_CHANNEL``,
-``uint4_group_asym``), so that two plugins name them alike. Nothing here
+``uint4_group_asym``, ``W8A8_SMOOTHQUANT``, ``W8A8_SMOOTHQUANT_STATIC``), so
+that two plugins name them alike. A method that must see activations first
+(SmoothQuant) declares a ``Calibration``: the engine runs its prompts through
+the model, records ``ActivationStatistics`` at every linear's input, and
+quantizes each weight with the statistics of its input. Nothing here
 imports torch: the tensors of a ``QuantizedWeight`` are held as opaque
 objects (``torch.Tensor`` at run time).
 """
@@ -18,7 +22,7 @@ objects (``torch.Tensor`` at run time).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -40,6 +44,24 @@ class Packing(str, enum.Enum):
     UINT4_K_INT32 = "int32[N,ceil(K/8)]"
 
 
+class ActivationQuant(str, enum.Enum):
+    """What happens to a linear's input before the matmul, for a weight format.
+
+    - ``NONE``: weight-only; the engine feeds its float activations.
+    - ``INT8_PER_TOKEN``: W8A8, dynamic: each row (token) ``m`` of the input,
+      divided by the weight's smoothing factors first (``t = x / s``), is
+      quantized to int8 at run time with its own scale
+      ``a[m] = max_k |t[m, k]| / 127``, ``xq = clamp(round(t / a[m]), -127, 127)``
+      (round half to even).
+    - ``INT8_PER_TENSOR``: W8A8, static: the same with one scale for every
+      row, ``QuantizedWeight.activation_scale``, fixed by calibration.
+    """
+
+    NONE = "none"
+    INT8_PER_TOKEN = "int8-per-token-dynamic"
+    INT8_PER_TENSOR = "int8-per-tensor-static"
+
+
 class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
     """A quantized weight format: the integers, their packing, scales and zero points.
 
@@ -55,6 +77,14 @@ class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
     - the weight they stand for is ``(q[n, k] - z[n, g]) * s[n, g]``, or
       ``q[n, k] * s[n]`` without zero points, computed in float32, with
       ``g = k // group_size``.
+
+    With quantized ``activations`` (W8A8) the integers are those of the
+    smoothed weight ``W[n, k] * m[k]``, where ``m`` is
+    ``QuantizedWeight.smoothing`` (float32 ``[K]``); the layer computes
+    ``y[m, n] = a[m] * s[n] * sum_k xq[m, k] q[n, k] (+ bias)`` over the
+    input quantized as ``activations`` says (``xq`` and ``a`` from ``x / m``),
+    so the weight it stands for, against the unsmoothed input, is
+    ``q[n, k] * s[n] / m[k]``.
 
     Records compare by value: an engine runs a method's output when the
     method's format equals one the engine declares. Use the records defined
@@ -72,6 +102,8 @@ class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
     """Weights along K that share a scale (and zero point); 0: the whole row."""
     zero_point: bool = False
     """Asymmetric: a zero point per group (``QuantizedWeight.zero_points``)."""
+    activations: ActivationQuant = ActivationQuant.NONE
+    """How the layer's input is quantized (W8A8), or ``NONE`` (weight-only)."""
 
     @property
     def levels(self) -> tuple[int, int]:
@@ -85,6 +117,18 @@ class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
 INT8_PER_CHANNEL = WeightFormat(name="int8-per-channel", bits=8, signed=True,
                                 packing=Packing.INT8_ROWS)
 """Signed int8, symmetric (-127..127), one float32 scale per output feature."""
+
+W8A8_SMOOTHQUANT = WeightFormat(name="w8a8-smoothquant", bits=8, signed=True,
+                                packing=Packing.INT8_ROWS,
+                                activations=ActivationQuant.INT8_PER_TOKEN)
+"""W8A8: int8 weights as ``INT8_PER_CHANNEL`` (of the smoothed weight), with
+``QuantizedWeight.smoothing``; activations int8 per token, quantized at run time."""
+
+W8A8_SMOOTHQUANT_STATIC = WeightFormat(name="w8a8-smoothquant-static", bits=8, signed=True,
+                                       packing=Packing.INT8_ROWS,
+                                       activations=ActivationQuant.INT8_PER_TENSOR)
+"""``W8A8_SMOOTHQUANT`` with one calibrated activation scale per layer
+(``QuantizedWeight.activation_scale``) instead of one per token."""
 
 UINT4_GROUP_SIZES = (32, 64, 128)
 """The group sizes of ``uint4_group_asym`` formats in use."""
@@ -121,6 +165,54 @@ class QuantizedWeight(msgspec.Struct, frozen=True, kw_only=True):
     """float32 ``[N]`` (per channel) or ``[N, groups]``."""
     zero_points: Any = None
     """uint8 ``[N, groups]`` when ``format.zero_point``, else None."""
+    smoothing: Any = None
+    """W8A8 formats: float32 ``[K]`` factors ``m`` (positive): ``data`` quantizes
+    ``W[n, k] * m[k]``, and the input is divided by ``m`` before it is
+    quantized. None for weight-only formats."""
+    activation_scale: float = 0.0
+    """``ActivationQuant.INT8_PER_TENSOR`` formats: the scale of every input row
+    (after smoothing); 0.0 otherwise."""
+
+
+class ActivationStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What a calibration pass recorded at one linear layer's input.
+
+    ``absmax`` is a float32 ``torch.Tensor`` ``[K]``: per input feature, the
+    largest ``|x|`` over every calibration token; ``tokens`` counts the
+    tokens (rows) seen. Layers that read the same input (a fused q|k|v)
+    get equal statistics.
+    """
+
+    absmax: Any
+    tokens: int
+
+
+class Calibration(msgspec.Struct, frozen=True, kw_only=True):
+    """How a method that must see activations is calibrated (``QuantizationMethod.calibration``).
+
+    The engine, at start-up and before it packs any weight: calls
+    ``prompts(options)`` for the texts, tokenizes each with the model's
+    tokenizer (cut to ``max_tokens``), runs them through the unquantized
+    model with a forward hook on every linear layer, and hands each layer's
+    ``ActivationStatistics`` to ``quantize(weight, statistics, options)``.
+    ``options`` are the engine's options (``--engine-option``); the method
+    reads the names in ``options`` and ignores the rest. The statistics
+    depend only on the model, the texts and ``max_tokens``, so an engine may
+    cache them on disk keyed by those (the Xeon engine does: see
+    ``switchyard.engine.calibration``) and calibrate once per model.
+    ``prompts`` raises ``ValueError`` naming the file when a calibration file
+    it was pointed at is unreadable or malformed; the engine turns that into
+    a start-up error.
+    """
+
+    prompts: Callable[[Mapping[str, str]], tuple[str, ...]]
+    """The calibration texts for these engine options; deterministic."""
+    quantize: Callable[[Any, ActivationStatistics, Mapping[str, str]], QuantizedWeight]
+    """Quantize one float weight ``[N, K]`` given the statistics of its input."""
+    max_tokens: int = 512
+    """Each text is cut to this many tokens."""
+    options: tuple[str, ...] = ()
+    """The engine options the method reads (documented with the method)."""
 
 
 class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,10 +225,11 @@ class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     hooks are imported. Which weights to quantize (every linear layer, the LM
     head included, or fewer) is the engine's choice, stated in its docs.
 
-    Calibration (methods that must see activations, such as GPTQ,
-    SmoothQuant or FP8's measurement pass) is not part of this record yet:
-    no installed method needs it. It will come as an optional field, so
-    methods declared today keep working.
+    A method that must see activations (SmoothQuant) sets ``calibration``:
+    engines that support calibration quantize with
+    ``calibration.quantize`` and the statistics they recorded, and
+    ``quantize`` stays the uncalibrated fallback (what kernel checks use).
+    Methods without it are quantized weight by weight, as before.
     """
 
     name: str
@@ -150,3 +243,5 @@ class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     """The float32 ``[N, K]`` weight a ``QuantizedWeight`` stands for (the
     format's formula): what a reference computes with, and what an engine's
     kernels are checked against."""
+    calibration: Calibration | None = None
+    """Set by methods that quantize from activation statistics; None otherwise."""

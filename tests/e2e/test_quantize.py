@@ -29,7 +29,8 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
     log = str(failed.value)
     assert "--quantize 'gptq': no installed plugin declares that quantization method" in log
     assert ("engine 'xeon' can run: int4 (uint4-group128-asym), int4-g32 (uint4-group32-asym), "
-            "int4-g64 (uint4-group64-asym), int8 (int8-per-channel)") in log
+            "int4-g64 (uint4-group64-asym), int8 (int8-per-channel), smoothquant "
+            "(w8a8-smoothquant/w8a8-smoothquant-static)") in log
 
 
 def _reference_tokens(path, name: str) -> list[int]:
@@ -89,5 +90,42 @@ def test_int4_server_gives_the_int4_reference_to_both_clients(model_cache, defau
         assert completion.choices[0].text == text
         assert completion.usage.completion_tokens == NEW_TOKENS
         assert "uint4 weights (groups of 128, scales and zero points)" in live.log()
+    finally:
+        stop_server(live)
+
+
+def test_smoothquant_server_serves_the_w8a8_reference_to_both_clients(model_cache,
+                                                                      default_model_path,
+                                                                      tmp_path):
+    """TGI client (tokens) and OpenAI SDK (text) on ``--quantize smoothquant``.
+
+    The reference is transformers with every linear W8A8 in PyTorch, smoothed
+    from statistics recorded in the test (``tests/xeon/test_xeon_w8a8.py``);
+    the tokens are checked teacher-forced, near ties allowed, as bf16 needs.
+    """
+    from tests.xeon.test_xeon_decoder import _assert_greedy_near
+    from tests.xeon.test_xeon_w8a8 import _calibration_prompts, _smoothquant_twin
+
+    if not load_kernels().w8a8:
+        pytest.skip(f"no native W8A8 kernels here ({load_kernels().reason})")
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
+    reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, {}), 0.5, False)
+    live = start_server(model_cache, tmp_path, "--quantize", "smoothquant", "--engine-option",
+                        f"calibration_cache={tmp_path / 'calibration'}",
+                        env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
+    try:
+        response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
+        tokens = [t.id for t in response.details.tokens]
+        ids = tokenizer(PROMPT).input_ids
+        _assert_greedy_near(reference, [ids], [tokens], NEW_TOKENS)
+        assert response.generated_text == tokenizer.decode(tokens)
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
+        completion = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=NEW_TOKENS,
+                                               temperature=0)
+        assert completion.choices[0].text == tokenizer.decode(tokens)
+        assert completion.usage.completion_tokens == NEW_TOKENS
+        assert "W8A8 int8 weights and activations (per token" in live.log()
+        assert "calibrated on 16 prompts" in live.log()
     finally:
         stop_server(live)

@@ -1,4 +1,4 @@
-"""The quant plugin's hooks: declares weight-only ``int8`` and ``int4`` (three group sizes).
+"""The quant plugin's hooks: weight-only ``int8`` and ``int4`` (three group sizes), ``smoothquant``.
 
 Registered under the ``switchyard.plugins`` entry-point group. Importing this
 module is cheap and imports no torch: each method's functions import the
@@ -9,10 +9,16 @@ an engine first calls them.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from switchyard_spec import (
     INT8_PER_CHANNEL,
+    W8A8_SMOOTHQUANT,
+    W8A8_SMOOTHQUANT_STATIC,
+    ActivationQuant,
+    ActivationStatistics,
+    Calibration,
     Packing,
     QuantizationMethod,
     QuantizedWeight,
@@ -38,8 +44,39 @@ def quantize_int4(weight: Any, group_size: int) -> QuantizedWeight:
     return quantize_uint4(weight, group_size)
 
 
+def quantize_smoothquant(weight: Any) -> QuantizedWeight:
+    """See :func:`switchyard_quant.smoothquant.quantize_smoothquant` (no statistics)."""
+    from switchyard_quant.smoothquant import quantize_smoothquant as quantize
+
+    return quantize(weight)
+
+
+def quantize_smoothquant_calibrated(weight: Any, statistics: ActivationStatistics,
+                                    options: Mapping[str, str]) -> QuantizedWeight:
+    """See :func:`switchyard_quant.smoothquant.quantize_calibrated`."""
+    from switchyard_quant.smoothquant import quantize_calibrated
+
+    return quantize_calibrated(weight, statistics, options)
+
+
+def smoothquant_prompts(options: Mapping[str, str]) -> tuple[str, ...]:
+    """See :func:`switchyard_quant.smoothquant.calibration_prompts`."""
+    from switchyard_quant.smoothquant import calibration_prompts
+
+    return calibration_prompts(options)
+
+
+SMOOTHQUANT_OPTIONS = ("smoothquant_alpha", "smoothquant_activations", "calibration_file",
+                       "calibration_samples")
+"""The engine options ``smoothquant`` reads (see :mod:`switchyard_quant.smoothquant`)."""
+
+
 def dequantize(weight: QuantizedWeight) -> Any:
     """The float32 weight any of this plugin's formats stands for."""
+    if weight.format.activations is not ActivationQuant.NONE:
+        from switchyard_quant.smoothquant import dequantize_w8a8
+
+        return dequantize_w8a8(weight)
     if weight.format.packing is Packing.INT8_ROWS:
         from switchyard_quant.int8 import dequantize_int8
 
@@ -64,4 +101,13 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
             formats=(uint4_group_asym(group),),
             quantize=functools.partial(quantize_int4, group_size=group),
             dequantize=dequantize))
+    methods.append(QuantizationMethod(
+        name="smoothquant",
+        description="SmoothQuant W8A8: int8 weights per output feature and int8 activations "
+                    "per token (or static), smoothed by calibration (alpha 0.5)",
+        formats=(W8A8_SMOOTHQUANT, W8A8_SMOOTHQUANT_STATIC),
+        quantize=quantize_smoothquant, dequantize=dequantize,
+        calibration=Calibration(prompts=smoothquant_prompts,
+                                quantize=quantize_smoothquant_calibrated, max_tokens=128,
+                                options=SMOOTHQUANT_OPTIONS)))
     return methods

@@ -35,6 +35,7 @@ from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import (
+    ActivationStatistics,
     Engine,
     EngineConfig,
     EngineRequest,
@@ -199,13 +200,25 @@ class XeonEngine(Engine):
         # arithmetic, the residual stream) stays fp32, so the model loads in fp32
         # and its linears are rounded to bf16 as they are packed.
         method = self._quantization
-        if method is not None:
+        w8a8 = method is not None and quantized.runs_w8a8(method)
+        linears = _option(self.config.options, "linears", LINEARS)
+        if w8a8:
+            if linears not in ("packed", "panel"):
+                raise EngineStartError(f"xeon engine: --quantize {method.name} runs on the native "
+                                       f"W8A8 panels, which linears={linears} rules out")
+            dtype = quantized.w8a8_dtype(self.config, method, dtype)
+            if dtype == torch.bfloat16 and not self._bf16_dot_available():
+                dtype = torch.float32  # the linears take fp32 inputs either way
+        elif method is not None:
             dtype = quantized.quantized_dtype(self.config, method, dtype,
-                                              self._bf16_dot_available(),
-                                              _option(self.config.options, "linears", LINEARS))
+                                              self._bf16_dot_available(), linears)
         bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
         cache_dtype = dtype
-        if bf16_dot:
+        if bf16_dot and w8a8:
+            dtype = torch.float32
+            logger.info("bfloat16: a bf16 KV cache and fp32 activations; the linears are W8A8 "
+                        "(--quantize %s)", method.name)
+        elif bf16_dot:
             dtype = torch.float32
             logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel%s and a bf16 KV "
                         "cache, fp32 activations",
@@ -221,7 +234,14 @@ class XeonEngine(Engine):
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
         check_supported(loaded.model)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method)
+        statistics = None
+        if method is not None and method.calibration is not None and w8a8:
+            from switchyard.engine.calibration import calibrate
+
+            statistics, line = calibrate(loaded.model, self.config.model_path,
+                                         method.calibration, self.config.options, method.name)
+            logger.info("--quantize %s: %s", method.name, line)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method, statistics)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(cache_dtype),
@@ -262,6 +282,7 @@ class XeonEngine(Engine):
 
     def _fast_path(self, model: torch.nn.Module, cpu_flags: frozenset[str],
                    bf16_dot: bool = False, quantization: QuantizationMethod | None = None,
+                   statistics: dict[str, ActivationStatistics] | None = None,
                    ) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
@@ -271,7 +292,8 @@ class XeonEngine(Engine):
         kernel where the CPU has AVX2 but not AVX-512, which is where it was
         measured to win, others on oneDNN; with a ``quantization`` method
         (``--quantize``) those dot-product panels hold its int8 or uint4
-        weights; ``panel``: the panel kernel for
+        weights, and a W8A8 method's (quantized with the calibration
+        ``statistics``) run on the W8A8 panels; ``panel``: the panel kernel for
         fp32 whatever the CPU; ``onednn``: oneDNN for fp32 and bf16 alike;
         ``stock``: fused but not packed), ``panel_storage`` (``auto``:
         panels of weights that hold only bf16 values, as a bf16 checkpoint
@@ -293,12 +315,14 @@ class XeonEngine(Engine):
         # The fp32 panel kernel is AVX2/FMA code: on Intel's AVX-512 cores oneDNN
         # has twice its width. bf16 dot products beat both where the CPU has them.
         avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
+        w8a8 = quantization is not None and quantized.runs_w8a8(quantization)
         report = pack_linears(model, pack=linears != "stock",
                               panels=status.fn is not None and (
-                                  bf16_dot or linears == "panel"
+                                  bf16_dot or w8a8 or linears == "panel"
                                   or (linears == "packed" and avx2_only)),
                               narrow=storage == "auto", bf16_dot=bf16_dot,
-                              quantization=quantization)
+                              quantization=quantization, statistics=statistics,
+                              options=dict(options))
         logger.info("linears: %s", report.describe())
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard_spec import QuantizationMethod
+from switchyard_spec import ActivationStatistics, QuantizationMethod
 
 logger = logging.getLogger("switchyard.xeon")
 
@@ -99,26 +99,40 @@ class PanelLinear(torch.nn.Module):
     quantized by it and packed for the kernel of its format
     (:mod:`switchyard_xeon.quantized`): int8 per output feature (half the
     bytes of bf16) or uint4 per group (a quarter), the same bf16 dot products
-    over the integers. Call :func:`~switchyard_xeon.kernels.load_kernels`
-    first: the operators exist only once the native library is loaded.
+    over the integers; or, for a W8A8 method (``--quantize smoothquant``),
+    int8 weights and int8 activations (``kernels/panel_w8a8.cpp``, any
+    build), quantized with ``statistics`` of this layer's input and the
+    engine ``options`` when the method has a ``Calibration``. Call
+    :func:`~switchyard_xeon.kernels.load_kernels` first: the operators exist
+    only once the native library is loaded.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  narrow: bool = True, bf16_dot: bool = False,
-                 quantization: QuantizationMethod | None = None) -> None:
+                 quantization: QuantizationMethod | None = None,
+                 statistics: ActivationStatistics | None = None,
+                 options: dict[str, str] | None = None) -> None:
         super().__init__()
-        if quantization is not None and not bf16_dot:
+        from switchyard_xeon.quantized import runs_w8a8
+
+        w8a8 = quantization is not None and runs_w8a8(quantization)
+        if quantization is not None and not bf16_dot and not w8a8:
             raise ValueError("quantized panels are dot-product panels: pass bf16_dot too")
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         self.bf16_dot = bf16_dot
         self.weight_format = None
         """The ``WeightFormat`` of quantized weights; None for float ones."""
-        self.narrowed = not bf16_dot and narrow and holds_bf16(weight)
+        self.narrowed = (not bf16_dot and quantization is None and narrow
+                         and holds_bf16(weight))
         if quantization is not None:
             from switchyard_xeon.quantized import pack_quantized
 
-            quantized = quantization.quantize(weight)
+            calibration = quantization.calibration
+            if statistics is not None and calibration is not None:
+                quantized = calibration.quantize(weight, statistics, options or {})
+            else:
+                quantized = quantization.quantize(weight)
             self.weight_format = quantized.format
             packed = pack_quantized(quantized)
         elif bf16_dot:
@@ -144,7 +158,10 @@ class PanelLinear(torch.nn.Module):
         storage = "bf16, bf16 dot products" if self.bf16_dot else (
             "bf16" if self.narrowed else "fp32")
         if self.weight_format is not None:
-            storage = f"{self.weight_format.name}, bf16 dot products"
+            from switchyard_xeon.quantized import is_w8a8
+
+            storage = f"{self.weight_format.name}, " + (
+                "int8 dot products" if is_w8a8(self.weight_format) else "bf16 dot products")
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed=panels, stored={storage}")
 
@@ -190,8 +207,9 @@ class FusedSibling(torch.nn.Module):
         return f"part={self.index}, out_features={self.out_features}"
 
 
-Packer = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
-"""Makes the packed module for a weight and optional bias."""
+Packer = Callable[..., torch.nn.Module]
+"""Makes the packed module for a weight and optional bias (and, from
+:func:`pack_linears`, the layer's qualified name, for its calibration statistics)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +225,8 @@ class PackReport:
     bf16_dot: bool = False
     quantized: str = ""
     """How the quantized weights are stored, e.g. "int8 weights (per-feature scales)"."""
+    w8a8: str = ""
+    """W8A8 linears: the kernel paths they take (``KernelStatus.w8a8``)."""
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
@@ -215,7 +235,9 @@ class PackReport:
             return f"stock, {fused} ({self.reason})" if self.fused_groups else f"stock ({self.reason})"
         stored = (f"; {self.narrowed} hold only bf16 values and are stored as bf16"
                   if self.narrowed else "")
-        if self.bf16_dot:
+        if self.w8a8:
+            stored = f"; {self.quantized}, int32 sums on {self.w8a8}, fp32 outputs"
+        elif self.bf16_dot:
             weights = self.quantized or "bf16 weights"
             stored = f"; {weights} and bf16 dot products (AVX512_BF16), fp32 sums"
         return f"{self.layout}-packed {self.dtype} ({self.packed} linears, {fused}{stored})"
@@ -223,7 +245,9 @@ class PackReport:
 
 def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                  panels: bool = False, narrow: bool = True, bf16_dot: bool = False,
-                 quantization: QuantizationMethod | None = None) -> PackReport:
+                 quantization: QuantizationMethod | None = None,
+                 statistics: dict[str, ActivationStatistics] | None = None,
+                 options: dict[str, str] | None = None) -> PackReport:
     """Fuse sibling projections of ``model`` in place and, for fp32 or bf16 weights, pack them.
 
     With ``panels`` (the native kernels are loaded), fp32 weights go to
@@ -236,6 +260,11 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     ``pack`` is False), disagrees with ``F.linear`` or the weights are of
     another dtype (fp16, mixed) the linears stay stock and only the fusion
     applies (one plain matmul per group: fewer calls in any dtype).
+
+    A W8A8 ``quantization`` needs ``panels`` only (not ``bf16_dot``); each
+    layer is quantized with ``statistics[name]`` (its qualified name in
+    ``model``, before fusion; a fused group takes its first member's, since
+    they share an input) and ``options``.
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears:
@@ -245,11 +274,16 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     dtype = next(iter(dtypes))
     use_panels = panels and dtype == torch.float32
     dot = use_panels and bf16_dot
-    method = quantization if dot else None
+    from switchyard_xeon.quantized import runs_w8a8
 
-    def packer(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
+    w8a8 = use_panels and quantization is not None and runs_w8a8(quantization)
+    method = quantization if dot or w8a8 else None
+    stats = statistics or {}
+
+    def packer(weight: torch.Tensor, bias: torch.Tensor | None, name: str = "") -> torch.nn.Module:
         if use_panels:
-            return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method)
+            return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method,
+                               statistics=stats.get(name), options=options)
         return PackedLinear(weight, bias)
 
     if not pack:
@@ -257,25 +291,28 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
     else:
-        reason = _check_packing(linears[0], packer, bf16_inputs=dot, quantization=method)
+        reason = _check_packing(linears[0], packer, bf16_inputs=dot and not w8a8,
+                                quantization=method)
         if reason:
             logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
     packed = fused = 0
-    for parent in list(model.modules()):
+    for prefix, parent in list(model.named_modules()):
         children = dict(parent.named_children())
+        dot_prefix = f"{prefix}." if prefix else ""
         if fuse:
             for names in SIBLING_GROUPS:
                 group = [children.get(n) for n in names]
                 if all(type(m) is torch.nn.Linear for m in group) and _same_input_size(group):
-                    _fuse(parent, names, group, packer if pack else None)
+                    _fuse(parent, names, group, packer if pack else None,
+                          dot_prefix + names[0])
                     packed += pack
                     fused += 1
                     children = dict(parent.named_children())
         if pack:
             for name, child in children.items():
                 if type(child) is torch.nn.Linear:
-                    setattr(parent, name, packer(child.weight, child.bias))
+                    setattr(parent, name, packer(child.weight, child.bias, dot_prefix + name))
                     packed += 1
     narrowed = sum(isinstance(m, PanelLinear) and m.narrowed for m in model.modules())
     formats = {m.weight_format for m in model.modules() if isinstance(m, PanelLinear)}
@@ -284,10 +321,15 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         from switchyard_xeon.quantized import describe
 
         quantized = " and ".join(sorted(describe(f) for f in formats if f is not None))
+    paths = ""
+    if w8a8 and pack and quantized:
+        from switchyard_xeon.kernels import load_kernels
+
+        paths = load_kernels().w8a8
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
                       layout="panel" if use_panels else "oneDNN", narrowed=narrowed,
-                      bf16_dot=dot and pack, quantized=quantized)
+                      bf16_dot=dot and pack and not paths, quantized=quantized, w8a8=paths)
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
@@ -296,7 +338,7 @@ def _same_input_size(group: list[torch.nn.Module | None]) -> bool:
 
 
 def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.Linear],
-          packer: Packer | None) -> None:
+          packer: Packer | None, name: str = "") -> None:
     """Swap the siblings ``names`` of ``parent`` for slices of one (packed) matmul."""
     weight = torch.cat([m.weight.detach() for m in group])
     biases = [m.bias for m in group]
@@ -307,7 +349,7 @@ def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.
             for m, b in zip(group, biases, strict=True)
         ])
     if packer is not None:
-        linear: torch.nn.Module = packer(weight, bias)
+        linear: torch.nn.Module = packer(weight, bias, name)
     else:
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                                  device=weight.device, dtype=weight.dtype)
@@ -349,9 +391,17 @@ def _check_packing(sample: torch.nn.Linear, packer: Packer = PackedLinear,
             weight = sample.weight
             if bf16_inputs:
                 x, weight = x.bfloat16().float(), weight.bfloat16().float()
+            want = None
             if quantization is not None:
-                weight = quantization.dequantize(quantization.quantize(sample.weight))
-            got, want = packed(x).float(), F.linear(x, weight, sample.bias).float()
+                from switchyard_xeon.quantized import is_w8a8, w8a8_reference
+
+                quantized = quantization.quantize(sample.weight)
+                if is_w8a8(quantized.format):  # int8 activations too: the format's own math
+                    want = w8a8_reference(x, quantized, sample.bias)
+                weight = quantization.dequantize(quantized)
+            got = packed(x).float()
+            if want is None:
+                want = F.linear(x, weight, sample.bias).float()
     except Exception as exc:  # private operators: absent or changed in this torch
         return f"{type(exc).__name__}: {exc}"
     err = (got - want).abs().max().item()

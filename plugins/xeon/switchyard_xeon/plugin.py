@@ -9,6 +9,8 @@ from __future__ import annotations
 from switchyard_spec import (
     INT8_PER_CHANNEL,
     UINT4_GROUP_SIZES,
+    W8A8_SMOOTHQUANT,
+    W8A8_SMOOTHQUANT_STATIC,
     DeviceInfo,
     Engine,
     EngineConfig,
@@ -20,9 +22,11 @@ from switchyard_spec import (
 ENGINE_NAME = "xeon"
 PRIORITY = 10
 """Any CPU can serve, so accelerator engines should outrank this one."""
-WEIGHT_FORMATS = (INT8_PER_CHANNEL, *(uint4_group_asym(g) for g in UINT4_GROUP_SIZES))
-"""The quantized formats the dot-product panels run (CPUs with AVX512_BF16;
-:mod:`switchyard_xeon.quantized`)."""
+WEIGHT_FORMATS = (INT8_PER_CHANNEL, *(uint4_group_asym(g) for g in UINT4_GROUP_SIZES),
+                  W8A8_SMOOTHQUANT, W8A8_SMOOTHQUANT_STATIC)
+"""The quantized formats the engine's kernels run: weight-only int8 and uint4
+on the bf16 dot-product panels (CPUs with AVX512_BF16), W8A8 on the int8
+panels (AMX, AVX512-VNNI, AVX2 or scalar; :mod:`switchyard_xeon.quantized`)."""
 
 
 def make_engine(config: EngineConfig) -> Engine:

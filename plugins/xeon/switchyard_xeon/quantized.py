@@ -14,6 +14,12 @@ kernels:
 
 Both compute ``bf16(x) @ W.T`` in fp32 sums over the weight the format
 defines, and need the AVX512_BF16 build of the kernels.
+
+- ``w8a8-smoothquant`` (``-static``): ``kernels/panel_w8a8.cpp``, int8
+  activations quantized per token (or with the layer's static scale) in the
+  call, int32 sums by AMX, AVX512-VNNI, AVX2 or scalar code, whichever this
+  CPU has; any x86-64 build of the kernels runs it. The method is calibrated
+  first (:func:`switchyard.engine.calibration.calibrate`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from switchyard_spec import (
     INT8_PER_CHANNEL,
+    ActivationQuant,
     EngineConfig,
     EngineStartError,
     Packing,
@@ -52,6 +59,39 @@ def check_method(config: EngineConfig) -> QuantizationMethod | None:
         raise EngineStartError(f"xeon engine: --quantize {method.name} produces {formats} "
                                f"weights; its kernels run {runs}")
     return method
+
+
+def is_w8a8(fmt: WeightFormat) -> bool:
+    """Whether ``fmt`` quantizes activations too (W8A8), not only weights."""
+    return fmt.activations is not ActivationQuant.NONE
+
+
+def runs_w8a8(method: QuantizationMethod) -> bool:
+    """Whether the engine runs ``method`` on the W8A8 kernels (its formats are W8A8 ones)."""
+    return any(is_w8a8(f) and f in WEIGHT_FORMATS for f in method.formats)
+
+
+W8A8_PATHS = {1: "amx (tdpbusd)", 2: "avx512-vnni (vpdpbusd)", 3: "avx2 (vpmaddubsw)",
+              4: "scalar"}
+"""``kernels/panel_w8a8.cpp``'s paths by number (its ``path`` argument)."""
+
+
+def w8a8_dtype(config: EngineConfig, method: QuantizationMethod, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a W8A8 method runs in, or a start-up error when its kernels are missing.
+
+    The linears take fp32 activations whatever the dtype; bf16 (``--dtype
+    auto`` on a CPU with native bf16, or ``bfloat16``) keeps the bf16 KV
+    cache of the bf16 mode, ``float32`` an fp32 one. Any x86-64 build of the
+    kernels has a W8A8 path, so only a machine without them refuses.
+    """
+    from switchyard_xeon.kernels import load_kernels
+
+    status = load_kernels()
+    if not status.w8a8:
+        why = status.reason if status.fn is None else "the W8A8 panels failed their check"
+        raise EngineStartError(f"xeon engine: --quantize {method.name} runs on the native W8A8 "
+                               f"kernels, which are not available ({why})")
+    return dtype
 
 
 def quantized_dtype(config: EngineConfig, method: QuantizationMethod, dtype: torch.dtype,
@@ -93,6 +133,9 @@ def pack_quantized(weight: QuantizedWeight) -> torch.Tensor:
     fmt = weight.format
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"the xeon kernels do not run {fmt.name} weights")
+    if is_w8a8(fmt):
+        return ops.pack_panels_w8a8(weight.data, weight.scales, weight.smoothing,
+                                    float(weight.activation_scale))
     if fmt.packing is Packing.INT8_ROWS:
         return ops.pack_panels_int8_dot(weight.data, weight.scales)
     return ops.pack_panels_uint4_dot(weight.data, weight.scales, weight.zero_points,
@@ -103,6 +146,9 @@ def describe(fmt: WeightFormat) -> str:
     """How the start-up log names weights of ``fmt``, e.g. "int8 weights (per-feature scales)"."""
     if fmt == INT8_PER_CHANNEL:
         return "int8 weights (per-feature scales)"
+    if is_w8a8(fmt):
+        act = "per token" if fmt.activations is ActivationQuant.INT8_PER_TOKEN else "static scale"
+        return f"W8A8 int8 weights and activations ({act}, SmoothQuant factors)"
     return f"uint4 weights (groups of {fmt.group_size}, scales and zero points)"
 
 
@@ -113,6 +159,8 @@ def reference_weight(weight: QuantizedWeight) -> torch.Tensor:
     are checked against the contract rather than against the code that
     produced their input.
     """
+    if is_w8a8(weight.format):
+        return weight.data.float() * weight.scales[:, None] / weight.smoothing[None, :]
     if weight.format.packing is Packing.INT8_ROWS:
         return weight.data.float() * weight.scales[:, None]
     groups = torch.arange(weight.in_features) // weight.format.group_size
@@ -135,3 +183,28 @@ def uint4_words(q: torch.Tensor) -> torch.Tensor:
     padded[:, :k] = q.to(torch.int64)
     words = (padded.view(n, -1, 8) << (torch.arange(8, dtype=torch.int64) * 4)).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def w8a8_reference(x: torch.Tensor, weight: QuantizedWeight,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A W8A8 layer from the format's definition, in PyTorch: quantize ``x`` [M, K], int matmul.
+
+    The input is divided by the smoothing factors (times ``1 / m``, as the
+    kernel does), quantized per row (or with the static scale), multiplied
+    with the integers exactly (int64), and scaled: what ``panel_w8a8.cpp``
+    computes, up to the last rounding of each output.
+    """
+    t = x.float() * (1.0 / weight.smoothing)
+    if weight.format.activations is ActivationQuant.INT8_PER_TENSOR:
+        a = torch.full((t.shape[0],), float(weight.activation_scale))
+        step = 1.0 / a
+    else:
+        amax = t.abs().amax(1)
+        a = amax / 127.0
+        step = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round((t * step[:, None]).clamp(-127, 127)).long()
+    acc = xq @ weight.data.long().T
+    y = acc.double() * (a[:, None] * weight.scales[None, :]).double()
+    if bias is not None:
+        y = y + bias.double()
+    return y.float()

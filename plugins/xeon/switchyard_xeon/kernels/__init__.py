@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Seven sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Eight sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -16,6 +16,9 @@ Seven sources, one library, registered as ``switchyard_xeon::*`` torch operators
   scales (``--quantize int8``, :mod:`switchyard_xeon.quantized`);
 - ``panel_dot_uint4.cpp``: the same dot products over uint4 weights with a
   scale and zero point per group along K (``--quantize int4``);
+- ``panel_w8a8.cpp``: W8A8 linears (``--quantize smoothquant``): int8
+  activations quantized per call, int32 sums on AMX, AVX512-VNNI, AVX2 or
+  scalar code, whichever the build and the CPU have;
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
 
@@ -52,6 +55,7 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "f
                                                                 "panel_gemm.cpp",
                                                                 "panel_dot_bf16.cpp",
                                                                 "panel_dot_uint4.cpp",
+                                                                "panel_w8a8.cpp",
                                                                 "decode_layers.cpp"))
 _HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
@@ -135,6 +139,9 @@ class KernelStatus:
     AVX512_BF16) and passed their check."""
     uint4_dot: bool = False
     """The uint4 dot-product panels exist (the same build) and passed their check."""
+    w8a8: str = ""
+    """The W8A8 int8 panels' paths in this process (e.g. "amx (tdpbusd) from 32 rows,
+    avx512-vnni (vpdpbusd) below"), checked; '' when they are missing or failed."""
 
 
 _lock = threading.Lock()
@@ -186,9 +193,30 @@ def _load() -> KernelStatus:
             logger.warning("paged prefill attention failed its check, not used: %s",
                            prefill_error)
             prefill = None
+    w8a8 = ""
+    if hasattr(ops, "pack_panels_w8a8"):
+        w8a8_error = checks.check_w8a8()
+        if w8a8_error:
+            logger.warning("W8A8 panels failed their check, not used: %s", w8a8_error)
+        else:
+            w8a8 = _w8a8_paths(ops.w8a8_paths())
     return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
                         bf16_dot=bf16_dot and not dot_error,
-                        uint4_dot=uint4_dot and not uint4_error)
+                        uint4_dot=uint4_dot and not uint4_error, w8a8=w8a8)
+
+
+W8A8_AMX_MIN_ROWS = 16
+"""``panel_w8a8.cpp``'s ``kAmxMinRows``: calls of this many rows take AMX where it is."""
+
+
+def _w8a8_paths(bits: int) -> str:
+    """How the W8A8 panels run here, for the start-up log, from ``w8a8_paths()``'s bits."""
+    from switchyard_xeon.quantized import W8A8_PATHS
+
+    small = next(W8A8_PATHS[p] for p in (2, 3, 4) if bits >> p & 1)
+    if bits >> 1 & 1:
+        return f"{W8A8_PATHS[1]} from {W8A8_AMX_MIN_ROWS} rows, {small} below"
+    return small
 
 
 def _build() -> PagedDecodeFn:

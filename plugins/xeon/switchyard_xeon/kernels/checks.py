@@ -13,9 +13,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from switchyard_spec import INT8_PER_CHANNEL, QuantizedWeight, WeightFormat, uint4_group_asym
+from switchyard_spec import (
+    INT8_PER_CHANNEL,
+    W8A8_SMOOTHQUANT,
+    W8A8_SMOOTHQUANT_STATIC,
+    QuantizedWeight,
+    WeightFormat,
+    uint4_group_asym,
+)
 
-from switchyard_xeon.quantized import pack_quantized, reference_weight, uint4_words
+from switchyard_xeon.quantized import (
+    W8A8_PATHS,
+    pack_quantized,
+    reference_weight,
+    uint4_words,
+    w8a8_reference,
+)
 
 if TYPE_CHECKING:
     from switchyard_xeon.kernels import FusedOps, PagedDecodeFn, PagedPrefillFn
@@ -220,3 +233,49 @@ def _panel_case_error(pack: Callable[[torch.Tensor], torch.Tensor], case: tuple[
         x = x.bfloat16().float()
     err = (got - torch.nn.functional.linear(x, w, b)).abs().max().item()
     return "" if err <= 1e-4 * max(1.0, inner ** 0.5) else f"max error {err:.3g}"
+
+
+def random_w8a8(out: int, inner: int, gen: torch.Generator,
+                activation_scale: float = 0.0) -> QuantizedWeight:
+    """A W8A8 ``QuantizedWeight`` with random integers, scales and smoothing factors."""
+    fmt = W8A8_SMOOTHQUANT_STATIC if activation_scale > 0 else W8A8_SMOOTHQUANT
+    return QuantizedWeight(
+        format=fmt, out_features=out, in_features=inner,
+        data=torch.randint(-127, 128, (out, inner), generator=gen).to(torch.int8),
+        scales=torch.rand(out, generator=gen) / 50 + 1e-3,
+        smoothing=torch.rand(inner, generator=gen) * 4 + 0.05,
+        activation_scale=activation_scale)
+
+
+def check_w8a8() -> str:
+    """Compare every W8A8 path this process has with the format's PyTorch definition.
+
+    The int32 sums must be equal (the math is integer), and the outputs
+    within an fp32 rounding. Ragged: K not a multiple of 4 or 64, N not of
+    16, odd panel counts, 1-6 rows and 40 (two AMX row tiles, a short one),
+    per-token and static activation scales.
+    """
+    ops = torch.ops.switchyard_xeon
+    paths = ops.w8a8_paths()
+    gen = torch.Generator().manual_seed(6)
+    for rows, out, inner, static in ((1, 37, 75, 0.0), (6, 50, 64, 0.0), (40, 33, 130, 0.05)):
+        weight = random_w8a8(out, inner, gen, static)
+        x = torch.randn(rows, inner, generator=gen) * 2
+        bias = torch.randn(out, generator=gen)
+        want = w8a8_reference(x, weight, bias)
+        packed = pack_quantized(weight)
+        for path, name in W8A8_PATHS.items():
+            if not paths >> path & 1:
+                continue
+            try:
+                raw = ops.w8a8_linear(x, packed, bias, out, path, True)
+                got = ops.w8a8_linear(x, packed, bias, out, path, False)
+            except Exception as exc:
+                return f"w8a8 {name}: {type(exc).__name__}: {exc}"
+            xq, _ = ops.w8a8_quantize_rows(x, packed)
+            if not torch.equal(raw.long(), xq.long() @ weight.data.long().T):
+                return f"w8a8 {name}: int32 sums differ ({rows}x{inner} by {out})"
+            err = (got - want).abs().max().item()
+            if not err <= 1e-5 * max(1.0, want.abs().max().item()):
+                return f"w8a8 {name}: max error {err:.3g}"
+    return ""

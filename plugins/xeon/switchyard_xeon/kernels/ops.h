@@ -29,6 +29,12 @@ bool is_uint4_panels(const at::Tensor& packed);
 at::Tensor panel_linear_uint4_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                                   int64_t n);
 
+// panel_w8a8.cpp: whether `packed` is in its W8A8 layout (int8 weights, int8
+// activations quantized per call), and its kernel on the path the call's rows choose.
+bool is_w8a8_panels(const at::Tensor& packed);
+at::Tensor panel_linear_w8a8(const at::Tensor& x, const at::Tensor& packed,
+                             const c10::optional<at::Tensor>& bias, int64_t n);
+
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 
 void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,

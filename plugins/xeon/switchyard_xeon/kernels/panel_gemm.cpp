@@ -256,6 +256,10 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "panel_linear: x must be a contiguous float32 [M, K]");
+  // W8A8 panels (panel_w8a8.cpp) carry their own header and check themselves.
+  if (switchyard_xeon::is_w8a8_panels(packed)) {
+    return switchyard_xeon::panel_linear_w8a8(x, packed, bias, N);
+  }
   // Three kinds of layout: [panels, K, 16] fp32 or bf16 (fp32 math, here), the
   // k-pair layouts of panel_dot_bf16.cpp (bf16 or int8 weights, K/2 rounded up
   // steps), and the uint4 groups of panel_dot_uint4.cpp (which checks K itself).
