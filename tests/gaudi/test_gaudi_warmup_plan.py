@@ -56,6 +56,16 @@ def test_the_seeds_llama2_command_gives_its_shapes():
     assert [s for s in shapes if s.phase == DECODE] == [Shape(DECODE, 32, 2048)]
 
 
+def test_a_shape_outside_the_plan_is_told_which_setting_would_cover_it():
+    plan = build_plan(SEED_LIMITS, SEED_BUCKETS, LLAMA2_7B, BF16, Memory(free=96 * GIB))
+    assert "raise it to 4096" in plan.uncovered(Shape(PREFILL, 4, 1024))
+    assert "--max-batch-prefill-tokens 2048" in plan.uncovered(Shape(PREFILL, 4, 1024))
+    assert "PREFILL_BATCH_BUCKET_SIZE so that 3 is one" in plan.uncovered(Shape(PREFILL, 3, 256))
+    assert "PAD_SEQUENCE_TO_MULTIPLE_OF" in plan.uncovered(Shape(PREFILL, 2, 300))
+    assert "BATCH_BUCKET_SIZE" in plan.uncovered(Shape(DECODE, 16, 2048))
+    assert "--max-batch-size to 48" in plan.uncovered(Shape(DECODE, 48, 2048))
+
+
 def test_limits_need_not_be_powers_of_two_or_multiples():
     """tgi-gaudi#256: warmup failed unless the lengths were powers of two; here any limit works."""
     limits = Limits(max_input_tokens=1000, max_total_tokens=1500, max_batch_size=20,

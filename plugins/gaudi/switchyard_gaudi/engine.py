@@ -377,7 +377,8 @@ class GaudiEngine(Engine):
         self._warmed.add(shape)
         assert self.plan is not None and self.settings is not None
         if shape not in self.plan.shapes:
-            logger.error("gaudi: shape %s is not in the warmup plan; it compiles now", shape)
+            logger.error("gaudi: shape %s is not in the warmup plan; it compiles now (%s)",
+                         shape, self.plan.uncovered(shape))
         elif self.settings.warmup_enabled:
             logger.warning("gaudi: shape %s was not warmed up; it compiles now", shape)
         else:

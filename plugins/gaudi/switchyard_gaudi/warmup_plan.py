@@ -246,6 +246,24 @@ class WarmupPlan:
             f"memory: {self.memory.describe()}",
         ])
 
+    def uncovered(self, shape: Shape) -> str:
+        """Which setting would have put ``shape`` in this plan (for the one log line it gets)."""
+        g = self.grid
+        if shape.phase != PREFILL:
+            return (f"decode batch buckets are {list(g.decode_batch)}: set BATCH_BUCKET_SIZE "
+                    f"(or BATCH_SIZE_EXPONENT_BASE) so that {shape.batch} is one, or raise "
+                    f"--max-batch-size to {shape.batch}")
+        if shape.batch not in g.prefill_batch.sizes:
+            return (f"prefill batch buckets are {list(g.prefill_batch)}: set "
+                    f"PREFILL_BATCH_BUCKET_SIZE so that {shape.batch} is one")
+        if shape.length not in g.prefill_seq.sizes:
+            return (f"prompt buckets are {list(g.prefill_seq)}: set PAD_SEQUENCE_TO_MULTIPLE_OF "
+                    f"(or SEQ_LEN_EXPONENT_BASE) so that {shape.length} is one, or raise "
+                    f"--max-input-tokens to {shape.length}")
+        return (f"{shape.batch}x{shape.length} = {shape.batch * shape.length} padded tokens is "
+                f"over --max-batch-prefill-tokens {self.limits.max_batch_prefill_tokens}; raise "
+                f"it to {shape.batch * shape.length}")
+
 
 def build_plan(limits: Limits, buckets: BucketSettings, dims: ModelDims, dtype_bytes: int,
                memory: Memory) -> WarmupPlan:
