@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
 from switchyard import __version__
 from switchyard.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from switchyard_spec import CommandSpec
 
 
 def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -25,7 +29,41 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     return pairs
 
 
-@click.group()
+class _WithPluginCommands(click.Group):
+    """The built-in commands, then those plugins declare (`switchyard_commands`).
+
+    Plugins are only looked up for a name that is not built in, or for
+    `--help`, so `switchyard serve` pays nothing for them.
+    """
+
+    def _plugin_commands(self) -> dict[str, CommandSpec]:
+        from switchyard.plugins import PluginHost
+
+        return PluginHost.from_entry_points().commands()
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        builtin = super().list_commands(ctx)
+        return builtin + sorted(set(self._plugin_commands()) - set(builtin))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        spec = self._plugin_commands().get(cmd_name)
+        if spec is None:
+            return None
+
+        @click.command(name=cmd_name, help=spec.help,
+                       context_settings={"ignore_unknown_options": True,
+                                         "help_option_names": []})
+        @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+        def run(args: tuple[str, ...]) -> None:
+            raise SystemExit(spec.main(list(args)))
+
+        return run
+
+
+@click.group(cls=_WithPluginCommands)
 @click.version_option(__version__, prog_name="switchyard")
 def main() -> None:
     """Switchyard: serve LLMs over the OpenAI and TGI APIs."""

@@ -25,6 +25,7 @@ import pluggy
 from switchyard_spec import (
     ENTRY_POINT_GROUP,
     PROJECT_NAME,
+    CommandSpec,
     DeviceInfo,
     EngineNotFoundError,
     EngineSpec,
@@ -129,6 +130,18 @@ class PluginHost:
                 found[spec.name] = spec
                 self._owners[spec.name] = impl.plugin_name
         return found
+
+    def commands(self) -> dict[str, CommandSpec]:
+        """Every plugin subcommand by name; two plugins declaring one name is an error."""
+        found: dict[str, tuple[CommandSpec, str]] = {}
+        for impl in self._pm.hook.switchyard_commands.get_hookimpls():
+            for spec in impl.function() or []:
+                if spec.name in found:
+                    raise PluginConflictError(
+                        f"command {spec.name!r} is declared by both plugin "
+                        f"{found[spec.name][1]!r} and plugin {impl.plugin_name!r}")
+                found[spec.name] = (spec, impl.plugin_name)
+        return {name: spec for name, (spec, _) in found.items()}
 
     def quantization_methods(self) -> dict[str, QuantizationMethod]:
         """Every declared quantization method by name; duplicates are an error."""

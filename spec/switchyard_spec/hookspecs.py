@@ -12,7 +12,7 @@ from __future__ import annotations
 import pluggy
 
 from switchyard_spec.quantization import QuantizationMethod
-from switchyard_spec.types import EngineSpec
+from switchyard_spec.types import CommandSpec, EngineSpec
 
 PROJECT_NAME = "switchyard"
 ENTRY_POINT_GROUP = "switchyard.plugins"
@@ -42,4 +42,17 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
     it by name, checks that the chosen engine runs one of its formats
     (``EngineSpec.weight_formats``), and hands it over in
     ``EngineConfig.quantization``. Duplicate names stop the server at start-up.
+    """
+
+
+@hookspec
+def switchyard_commands() -> list[CommandSpec]:
+    """Declare subcommands of the ``switchyard`` command line.
+
+    Return one ``CommandSpec`` per command. ``switchyard --help`` lists them
+    beside the built-in ones; ``switchyard NAME ARGS...`` runs ``main(ARGS)``.
+    Use it for what a user runs before or beside serving (sizing a device,
+    calibrating); ``main`` may import heavy modules, the hook itself must not.
+    A built-in command keeps its name (the plugin's is not reachable); two
+    plugins declaring one name is an error.
     """

@@ -254,6 +254,22 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why it is unavailable, or extra facts worth printing."""
 
 
+class CommandSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A subcommand a plugin adds to the ``switchyard`` command line.
+
+    Returned by ``switchyard_commands``. ``switchyard NAME ARGS...`` calls
+    ``main`` with ``ARGS`` (the plugin parses them) and exits with its
+    return value.
+    """
+
+    name: str
+    """The subcommand, e.g. "warmup-plan"; unique among built-in and plugin commands."""
+    help: str
+    """One line for ``switchyard --help``."""
+    main: Callable[[list[str]], int]
+    """Runs the command on the arguments after its name; returns the exit status."""
+
+
 class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A hardware plugin's declaration of one engine.
 

@@ -7,6 +7,7 @@ import pytest
 from switchyard.plugins import PluginHost
 from switchyard_spec import (
     INT8_PER_CHANNEL,
+    CommandSpec,
     DeviceInfo,
     EngineNotFoundError,
     EngineSpec,
@@ -101,3 +102,23 @@ def test_probe_that_raises_does_not_break_listing():
     host.register(_Plugin(spec), "p")
     (row,) = host.availability()
     assert not row.device.available and "boom" in row.device.detail
+
+
+class _Commands:
+    def __init__(self, *names: str):
+        self._names = names
+
+    @hookimpl
+    def switchyard_commands(self):
+        return [CommandSpec(name=n, help=n, main=lambda argv: len(argv)) for n in self._names]
+
+
+def test_plugin_commands_are_collected_and_duplicates_fail():
+    host = PluginHost()
+    host.register(_Commands("size-it", "calibrate"), "a")
+    commands = host.commands()
+    assert sorted(commands) == ["calibrate", "size-it"]
+    assert commands["size-it"].main(["x", "y"]) == 2
+    host.register(_Commands("calibrate"), "b")
+    with pytest.raises(PluginConflictError, match="'calibrate'.*'a'.*'b'"):
+        host.commands()

@@ -213,3 +213,20 @@ def test_the_dry_run_prints_the_plan_without_a_device(default_model_path, capsys
     assert "9 shapes: 8 prefill (2x256, 4x256, 2x512, 6x256, 2x768, 8x256, 4x512, 2x1024)" in out
     assert main([*args, "--device-memory", "40MiB"]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def test_switchyard_warmup_plan_is_the_same_command(default_model_path):
+    """The plugin adds `switchyard warmup-plan` (hook `switchyard_commands`); exit 2 = no fit."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "switchyard.cli", "warmup-plan", "--model-id",
+            str(default_model_path), "--max-total-tokens", "512", "--max-input-tokens", "400",
+            "--max-batch-size", "8"]
+    ok = subprocess.run([*base, "--device-memory", "96GiB"], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "shapes:" in ok.stdout and "max_batch_size 8" in ok.stdout
+    refused = subprocess.run([*base, "--device-memory", "1MiB"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "does not fit" in refused.stderr

@@ -10,7 +10,9 @@ never takes over from the CPU engine by default; ``--engine gaudi
 
 from __future__ import annotations
 
-from switchyard_spec import DeviceInfo, Engine, EngineConfig, EngineSpec, hookimpl
+from collections.abc import Callable
+
+from switchyard_spec import CommandSpec, DeviceInfo, Engine, EngineConfig, EngineSpec, hookimpl
 
 ENGINE_NAME = "gaudi"
 PRIORITY = 100
@@ -49,4 +51,30 @@ def switchyard_engines() -> list[EngineSpec]:
             probe=probe,
             priority=PRIORITY,
         )
+    ]
+
+
+def _module_command(subcommand: str) -> Callable[[list[str]], int]:
+    """``python -m switchyard_gaudi SUBCOMMAND`` as a ``switchyard`` subcommand's main."""
+
+    def run(argv: list[str]) -> int:
+        from switchyard_gaudi.__main__ import main  # imports torch: only when run
+
+        return main([subcommand, *argv])
+
+    return run
+
+
+@hookimpl
+def switchyard_commands() -> list[CommandSpec]:
+    """``switchyard warmup-plan`` (size settings without a device) and ``switchyard fp8-measure``."""
+    return [
+        CommandSpec(name="warmup-plan",
+                    help="gaudi: print the warmup shapes and memory estimate for a model and "
+                         "limits, without a device or loading weights",
+                    main=_module_command("plan")),
+        CommandSpec(name="fp8-measure",
+                    help="gaudi: run calibration prompts under a MEASURE QUANT_CONFIG and write "
+                         "the FP8 statistics",
+                    main=_module_command("measure")),
     ]
