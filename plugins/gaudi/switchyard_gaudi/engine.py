@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from switchyard.engine.lifecycle import deliver, start_compute_thread
+from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard_spec import (
     Engine,
     EngineConfig,
@@ -38,8 +39,10 @@ from switchyard_spec import (
     EventSink,
     FinishReason,
     ModelInfo,
+    SamplingParams,
     StepObserver,
     StepReport,
+    StoppingParams,
     TokenEvent,
     WarmupReport,
 )
@@ -63,6 +66,8 @@ from switchyard_gaudi.warmup_plan import Shape, WarmupPlan
 logger = logging.getLogger("switchyard.gaudi")
 
 _IDLE_WAIT_S = 0.5
+_OVERDUE = 0.0
+"""A probe's queue time: the clock's origin, so QUEUE_THRESHOLD_MS finds it overdue."""
 
 
 class GaudiEngine(Engine):
@@ -101,6 +106,7 @@ class GaudiEngine(Engine):
         self._warmed: set[Shape] = set()
         self._steps = 0
         self._stats = EngineStats(running=0, waiting=0)
+        self._liveness = Liveness(self._loop_alive, self._submit_probe)
         self._observer: StepObserver | None = None
         self.padding = {"prefill_real": 0, "prefill_padded": 0, "decode_real": 0,
                         "decode_padded": 0}
@@ -183,10 +189,32 @@ class GaudiEngine(Engine):
         logger.info("gaudi engine shut down")
 
     def healthy(self) -> bool:
-        """Whether the compute loop is alive (and, sharded, every rank with it)."""
+        """Cheap: the loop is alive (sharded: every rank with it) and no liveness probe failed.
+
+        After a failed forward step it starts a real 1-token probe in the
+        background (the toolkit's :class:`~switchyard.engine.liveness.Liveness`),
+        whose outcome shows in later answers.
+        """
+        return self._loop_alive() and self._liveness.healthy()
+
+    def probe_liveness(self, timeout: float = PROBE_TIMEOUT_S, force: bool = False) -> bool:
+        """Whether the engine can still generate: after a failed step (or with ``force``) a
+        real 1-token generation, ahead of the queue; blocks up to ``timeout`` seconds."""
+        return self._loop_alive() and self._liveness.probe(timeout, force)
+
+    def _loop_alive(self) -> bool:
         group = self._group
         return self._thread is not None and self._thread.is_alive() and \
             self._failure is None and (group is None or group.failure is None)
+
+    def _submit_probe(self, request_id: str, sink: EventSink) -> None:
+        """Queue a greedy 1-token generation that is overdue on arrival, so it goes first."""
+        assert self.info is not None
+        prompt = (self.info.eos_token_ids[0] if self.info.eos_token_ids else 0,)
+        request = EngineRequest(request_id=request_id, prompt_token_ids=prompt,
+                                sampling=SamplingParams(),
+                                stopping=StoppingParams(max_new_tokens=1, ignore_eos=True))
+        self._inbox.put(("submit", request, sink, _OVERDUE))
 
     def follower_compiles(self) -> list[int]:
         """Sharded: graphs each of ranks 1 .. N-1 compiled so far (empty when unsharded)."""
@@ -361,8 +389,10 @@ class GaudiEngine(Engine):
             for seq in seqs:
                 self._drop(seq)
                 end(seq, error=f"forward step failed: {type(exc).__name__}: {exc}")
+            self._liveness.step_failed()
             self._report(seqs, shape, time.monotonic() - begin, ok=False)
             return
+        self._liveness.step_succeeded()
         self._steps += 1
         for seq, token in zip(seqs, sampled, strict=True):
             if record(seq, token) is not None:

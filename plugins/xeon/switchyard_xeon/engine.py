@@ -32,6 +32,7 @@ import msgspec
 import torch
 
 from switchyard.engine.lifecycle import deliver, start_compute_thread
+from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import (
@@ -63,7 +64,6 @@ from switchyard_xeon.decoder import (
     decoder_unsupported,
 )
 from switchyard_xeon.events import emit, record_results
-from switchyard_xeon.health import PROBE_TIMEOUT_S, Liveness
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps

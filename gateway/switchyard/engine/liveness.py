@@ -1,4 +1,7 @@
-"""Whether the engine can still generate: cheap answers normally, a real probe after a failure.
+"""Whether an engine can still generate: cheap answers normally, a real probe after a failure.
+
+Shared by the engines (toolkit): each gives :class:`Liveness` a way to see
+that its loop runs and a way to queue a 1-token generation ahead of its queue.
 
 The loop reports each forward step's outcome (``step_failed`` /
 ``step_succeeded``). While steps succeed, health is free. After a step fails
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 
 from switchyard_spec import EventSink, FinishReason, TokenEvent
 
-logger = logging.getLogger("switchyard.xeon")
+logger = logging.getLogger("switchyard.engine")
 
 PROBE_TIMEOUT_S = 30.0
 """How long a probe started by :meth:`Liveness.healthy` may run before it counts as failed."""
