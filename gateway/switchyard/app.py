@@ -17,9 +17,11 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 
-from switchyard.models.config import ConfigError, ModelEntry, entries_from_settings
+from switchyard.models.config import ConfigError, ModelEntry, RemoteEntry, entries_from_settings
 from switchyard.models.loader import load_model
+from switchyard.models.remote import RemoteModel
 from switchyard.models.served import ServedModel
+from switchyard.models.upstream import new_client
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
 from switchyard.routes import openai, ops, sagemaker, tgi
@@ -63,6 +65,10 @@ def create_app(
             yield
         finally:
             task.cancel()
+            for remote in gateway.registry.remotes():
+                await remote.stop()
+            if gateway.upstream_client is not None:
+                await gateway.upstream_client.aclose()
             for model in gateway.registry.models():
                 await asyncio.to_thread(model.engine.shutdown)
             await asyncio.to_thread(telemetry.shutdown)
@@ -103,6 +109,9 @@ async def _load(
         log.error("start-up failed: %s", exc)
         return _give_up(gateway, f"ConfigError: {exc}", on_failure)
     for entry in entries:
+        if isinstance(entry, RemoteEntry):
+            await _add_remote(gateway, entry)
+            continue
         try:
             model = await asyncio.to_thread(loader, entry, plugins)
             telemetry.metrics.add_model(model.limits.max_input_tokens,
@@ -118,11 +127,23 @@ async def _load(
             continue
         log.info("model %s: served as %s", model.model_id,
                  ", ".join([model.name, *sorted(model.aliases)]))
-    if not gateway.registry.models():
+    if not gateway.registry.everything():
         return _give_up(gateway, "no model could be loaded: " + "; ".join(
             f"{name}: {why}" for name, why in gateway.registry.failed.items()), on_failure)
     gateway.ready = True
-    log.info("ready: serving %s", ", ".join(m.name for m in gateway.registry.models()))
+    log.info("ready: serving %s", ", ".join(m.name for m in gateway.registry.everything()))
+
+
+async def _add_remote(gateway: Gateway, entry: RemoteEntry) -> None:
+    """Serve a model other servers serve; its replicas need not be up yet (they are watched)."""
+    if gateway.upstream_client is None:
+        gateway.upstream_client = new_client()
+    model = RemoteModel(entry, gateway.upstream_client)
+    await model.start()
+    gateway.registry.add(model)
+    up = [r for r in model.replicas if r.available]
+    log.info("model %s: served by %d replicas (%d answering now), aliases %s", model.name,
+             len(model.replicas), len(up), ", ".join(sorted(model.aliases)) or "none")
 
 
 def _give_up(gateway: Gateway, reason: str, on_failure: Callable[[], None] | None) -> None:

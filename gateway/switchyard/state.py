@@ -6,8 +6,11 @@ import platform
 from dataclasses import dataclass, field
 
 from switchyard import __version__
-from switchyard.errors import ApiError
-from switchyard.models.registry import ModelRegistry
+import httpx
+
+from switchyard.errors import ApiError, validation_error
+from switchyard.models.registry import AnyModel, ModelRegistry
+from switchyard.models.remote import REMOTE_ENGINE, RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.settings import ServeSettings
 from switchyard.telemetry.request import note_model
@@ -22,14 +25,16 @@ class Gateway:
     ready: bool = False
     """True once every model is loaded and warmed up."""
     startup_error: str | None = None
+    upstream_client: httpx.AsyncClient | None = None
+    """The one pooled client of every remote model (made when the first one is added)."""
 
     @property
     def system_fingerprint(self) -> str:
         """`<version>-native`, as TGI reports outside its Docker image."""
         return f"{__version__}-native-{platform.machine()}"
 
-    def model(self, name: str | None = None, api: str = "openai") -> ServedModel:
-        """The served model for a request, or 503 while start-up is still running.
+    def resolve(self, name: str | None = None, api: str = "openai") -> AnyModel:
+        """The model for a request, local or remote, or 503 while start-up is still running.
 
         ``name`` is an OpenAI request's `model`, or the `X-Model` header of a
         TGI route (``api="tgi"``: an unknown name is then TGI's 422).
@@ -38,5 +43,15 @@ class Gateway:
             detail = self.startup_error or "the model is still loading"
             raise ApiError(503, f"Model is not ready: {detail}", "unhealthy")
         model = self.registry.resolve(name, api)
-        note_model(model.name, model.engine_spec.name)  # labels the request's metrics
+        # Labels the request's metrics and log line.
+        note_model(model.name, REMOTE_ENGINE if isinstance(model, RemoteModel)
+                   else model.engine_spec.name)
+        return model
+
+    def model(self, name: str | None = None, api: str = "openai") -> ServedModel:
+        """As `resolve`, for routes that need the model's tokenizer: a remote model is a 422."""
+        model = self.resolve(name, api)
+        if isinstance(model, RemoteModel):
+            raise validation_error(f"model `{model.name}` is served by other servers, and this "
+                                   "route is not forwarded to them", param="model")
         return model

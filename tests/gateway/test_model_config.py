@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from switchyard.models.config import ConfigError, ModelEntry, entries_from_settings, read_config
+from switchyard.models.config import (
+    ConfigError,
+    ModelEntry,
+    RemoteEntry,
+    entries_from_settings,
+    read_config,
+)
 from switchyard.settings import ServeSettings
 
 
@@ -66,6 +72,26 @@ waiting_served_ratio = 1
     ("[[models]]\nname = 'a'\n[[models]]\nname = 'b'\naliases = ['a']\n",
      "models[1]: the name 'a' is already used by models[0]"),
     ("[[models]\n", "not a readable TOML file"),
+    ("[[models]]\nupstreams = ['http://a:1']\n",
+     "models[0]: field `name` is required for a model with `upstreams`"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\ndtype = 'float32'\n",
+     "models[0] ('r'): field `dtype` does not apply to a model served by `upstreams`"),
+    ("[[models]]\nname = 'r'\nupstreams = []\n", "field `upstreams` lists no URL"),
+    ("[[models]]\nname = 'r'\nupstreams = ['10.0.0.5:8080']\n",
+     "field `upstreams[0]`: '10.0.0.5:8080' is not an http(s) URL"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:x']\n", "has an invalid port"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1', 'http://a:1/']\n",
+     "field `upstreams` lists a URL twice"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\napi = 'grpc'\n",
+     "models[0] ('r'): field `api` must be one of tgi"),
+    ("[[models]]\nname = 'r'\nupstreams = 'http://a:1'\n",
+     "field `upstreams`: Expected `array`, got `str`"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\nmetrics_interval_s = 2\n",
+     "field `metrics_interval_s` is out of range (must be [0.05, 0.5])"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\nmax_failures = 0\n",
+     "field `max_failures` is out of range"),
+    ("[[models]]\nname = 'a'\n[[models]]\nname = 'r'\naliases = ['a']\n"
+     "upstreams = ['http://a:1']\n", "models[1]: the name 'a' is already used by models[0]"),
 ])
 def test_mistakes_name_the_file_the_entry_and_the_field(tmp_path, text, message):
     path = _write(tmp_path, text)
@@ -78,3 +104,25 @@ def test_mistakes_name_the_file_the_entry_and_the_field(tmp_path, text, message)
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
         entries_from_settings(ServeSettings(config=str(tmp_path / "nope.toml")))
+
+
+def test_an_entry_with_upstreams_is_a_remote_model(tmp_path):
+    path = _write(tmp_path, """
+[[models]]
+name = "local"
+
+[[models]]
+name = "far"
+aliases = ["remote"]
+upstreams = ["http://10.0.0.5:8080/", "https://replica.example/prefix"]
+api = "openai"
+upstream_model = "meta-llama/Llama-3.1-8B"
+""")
+    local, far = entries_from_settings(ServeSettings(config=str(path), max_concurrent_requests=9))
+    assert isinstance(local, ModelEntry) and isinstance(far, RemoteEntry)
+    assert (far.name, far.aliases, far.api, far.upstream_model) == \
+        ("far", ("remote",), "openai", "meta-llama/Llama-3.1-8B")
+    # A trailing slash is dropped, so that routes append cleanly; a path prefix stays.
+    assert far.upstreams == ("http://10.0.0.5:8080", "https://replica.example/prefix")
+    # Permits default to the flag, as a local model's do; the rest to their own defaults.
+    assert (far.max_concurrent_requests, far.max_failures, far.cooldown_s) == (9, 3, 5.0)

@@ -5,8 +5,10 @@ fields are `switchyard serve`'s per-model flags with dashes written as
 underscores (`model_id`, `engine`, `engine_options`, `dtype`, `quantize`,
 `max_total_tokens`, `max_concurrent_requests`, ...), plus `aliases`; a field
 left out takes the flag's value, so `switchyard serve --config models.toml
---dtype float32` sets every model's default dtype. A mistake names the
-file, the entry and the field, and stops start-up.
+--dtype float32` sets every model's default dtype. An entry with `upstreams`
+instead of a `model_id` is a model other servers serve (`RemoteEntry`, read by
+`models/remote_config.py`). A mistake names the file, the entry and the field,
+and stops start-up.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from typing import Any
 
 import msgspec
 
+__all__ = ["ConfigError", "ModelEntry", "RemoteEntry", "entries_from_settings", "read_config"]
+
+from switchyard.models.remote_config import (
+    ConfigError,
+    RemoteEntry,
+    field_message,
+    remote_entry,
+)
 from switchyard.settings import ServeSettings
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be served: the message names the file, entry and field."""
 
 
 class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -62,20 +68,22 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 PER_MODEL_FIELDS = tuple(f for f in ModelEntry.__struct_fields__ if f != "aliases")
 """The flags a config entry may set for its own model."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KNOWN_FIELDS = ("aliases", "name", *PER_MODEL_FIELDS)
+"""What an error about an unknown field of a local model's entry lists."""
 
 
 def _flag_values(settings: ServeSettings) -> dict[str, Any]:
     return {f: getattr(settings, f) for f in PER_MODEL_FIELDS}
 
 
-def entries_from_settings(settings: ServeSettings) -> list[ModelEntry]:
+def entries_from_settings(settings: ServeSettings) -> list[ModelEntry | RemoteEntry]:
     """The served models: the `--config` file's entries, or the one model the flags name."""
     if settings.config is None:
         return [msgspec.convert(_flag_values(settings), ModelEntry)]
     return read_config(settings.config, settings)
 
 
-def read_config(path: str | Path, settings: ServeSettings) -> list[ModelEntry]:
+def read_config(path: str | Path, settings: ServeSettings) -> list[ModelEntry | RemoteEntry]:
     """Parse and check a TOML config file; ConfigError naming what is wrong."""
     path = Path(path)
     try:
@@ -96,7 +104,8 @@ def read_config(path: str | Path, settings: ServeSettings) -> list[ModelEntry]:
     return entries
 
 
-def _entry(path: Path, index: int, table: object, settings: ServeSettings) -> ModelEntry:
+def _entry(path: Path, index: int, table: object,
+           settings: ServeSettings) -> ModelEntry | RemoteEntry:
     where = f"{path}: models[{index}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table of settings")
@@ -107,12 +116,14 @@ def _entry(path: Path, index: int, table: object, settings: ServeSettings) -> Mo
     values = dict(table)
     if "name" in values:  # the short spelling of served_model_name
         values["served_model_name"] = values.pop("name")
+    if "upstreams" in values:
+        return remote_entry(where, values, settings.max_concurrent_requests)
     if isinstance(values.get("engine_options"), dict):
         values["engine_options"] = _option_strings(where, values["engine_options"])
     try:
         entry = msgspec.convert({**_flag_values(settings), **values}, ModelEntry)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: {_field_message(exc)}") from None
+        raise ConfigError(f"{where}: {field_message(exc, KNOWN_FIELDS)}") from None
     if entry.dtype not in DTYPES:
         raise ConfigError(f"{where}: field `dtype` must be one of {', '.join(DTYPES)}, "
                           f"not {entry.dtype!r}")
@@ -136,19 +147,7 @@ def _option_strings(where: str, options: dict[str, object]) -> dict[str, str]:
     return out
 
 
-def _field_message(exc: msgspec.ValidationError) -> str:
-    """msgspec's "Expected `int`, got `str` - at `$.max_total_tokens`" as "field `...`: ..."."""
-    text = str(exc)
-    message, _, at = text.partition(" - at `$")
-    if at:
-        return f"field `{at.rstrip('`').lstrip('.')}`: {message}"
-    if "unknown field" in message:
-        return message.replace("Object contains unknown field", "unknown field") + \
-            f" (known: aliases, name, {', '.join(PER_MODEL_FIELDS)})"
-    return message
-
-
-def _check_names(path: Path, entries: list[ModelEntry]) -> None:
+def _check_names(path: Path, entries: list[ModelEntry | RemoteEntry]) -> None:
     """Every name and alias reaches one model; only one entry may use the built-in model."""
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):

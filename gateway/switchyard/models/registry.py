@@ -1,9 +1,18 @@
-"""Which served model answers a request, by the name in its `model` field."""
+"""Which served model answers a request, by the name in its `model` field.
+
+A name reaches a local model (`ServedModel`, on an engine in this process) or
+a remote one (`RemoteModel`, forwarded to its replicas); both kinds share one
+namespace, and the first model of the config file, of either kind, is the default.
+"""
 
 from __future__ import annotations
 
 from switchyard.errors import ApiError, model_not_found, validation_error
+from switchyard.models.remote import RemoteModel
 from switchyard.models.served import ServedModel
+
+AnyModel = ServedModel | RemoteModel
+"""What a name resolves to: a model on a local engine, or one other servers serve."""
 
 # Names TGI's own clients send when they mean "whatever is served":
 # `huggingface_hub.InferenceClient` sends "dummy" when given a base URL.
@@ -18,8 +27,10 @@ class ModelRegistry:
     """
 
     def __init__(self) -> None:
-        self._by_name: dict[str, ServedModel] = {}
+        self._by_name: dict[str, AnyModel] = {}
         self._models: list[ServedModel] = []
+        self._remotes: list[RemoteModel] = []
+        self._all: list[AnyModel] = []
         self.failed: dict[str, str] = {}
         """Name of each model that failed to load -> why (aliases included)."""
 
@@ -28,8 +39,8 @@ class ModelRegistry:
         for name in names:
             self.failed.setdefault(name, reason)
 
-    def add(self, model: ServedModel) -> None:
-        """Serve a model under its name and aliases, and its model id unless taken.
+    def add(self, model: AnyModel) -> None:
+        """Serve a model under its name and aliases, and a local one's model id unless taken.
 
         Two models of a config file may share one folder under two names: the
         id then reaches the first of them.
@@ -38,19 +49,31 @@ class ModelRegistry:
             if name in self._by_name:
                 raise ValueError(f"model name {name!r} is already served")
             self._by_name[name] = model
-        self._by_name.setdefault(model.model_id, model)
-        self._models.append(model)
+        if isinstance(model, RemoteModel):
+            self._remotes.append(model)
+        else:
+            self._by_name.setdefault(model.model_id, model)
+            self._models.append(model)
+        self._all.append(model)
 
     @property
-    def default(self) -> ServedModel | None:
+    def default(self) -> AnyModel | None:
         """The model placeholder names and absent names reach."""
-        return self._models[0] if self._models else None
+        return self._all[0] if self._all else None
 
     def models(self) -> list[ServedModel]:
-        """All served models, default first."""
+        """The local models (on this server's engines), in the order they were added."""
         return list(self._models)
 
-    def resolve(self, name: str | None, api: str = "openai") -> ServedModel:
+    def remotes(self) -> list[RemoteModel]:
+        """The models other servers serve."""
+        return list(self._remotes)
+
+    def everything(self) -> list[AnyModel]:
+        """Every served model, local or remote, default first."""
+        return list(self._all)
+
+    def resolve(self, name: str | None, api: str = "openai") -> AnyModel:
         """The model for a request's `model` field (OpenAI) or model header (TGI, ``api="tgi"``).
 
         An unknown name is OpenAI's 404 `model_not_found`, or TGI's 422
@@ -67,7 +90,7 @@ class ModelRegistry:
             raise ApiError(503, f"Model `{name}` is not available: it failed to load: "
                                 f"{self.failed[name]}", "unhealthy")
         if api == "tgi":
-            listed = [n for m in self._models for n in (m.name, *sorted(m.aliases))]
+            listed = [n for m in self._all for n in (m.name, *sorted(m.aliases))]
             raise validation_error(f"Model `{name}` is not served here; served: "
                                    f"{', '.join(listed) or 'none'}", param="model")
         raise model_not_found(name)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from litestar import Router, get
 from litestar.di import NamedDependency
 
+from switchyard.models.registry import AnyModel
+from switchyard.models.remote import RemoteModel
 from switchyard.protocol import openai as oai
 from switchyard.routes.errors import openai_exception_handlers
 from switchyard.routes.openai_chat import chat_completions
@@ -28,8 +30,13 @@ async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
     it is a path.)
     """
     return oai.ModelList(data=[
-        oai.ModelCard(id=name, created=0, owned_by=m.model_id.split("/")[0])
-        for m in gw.registry.models() for name in (m.name, *sorted(m.aliases))])
+        oai.ModelCard(id=name, created=0, owned_by=_owner(m))
+        for m in gw.registry.everything() for name in (m.name, *sorted(m.aliases))])
+
+
+def _owner(model: AnyModel) -> str:
+    # A remote model's replicas are not named to clients (their addresses stay in the logs).
+    return "remote" if isinstance(model, RemoteModel) else model.model_id.split("/")[0]
 
 
 router = Router(

@@ -10,18 +10,21 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import msgspec
-from litestar import Response, post
+from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar.response import ServerSentEvent
+from litestar.response import ServerSentEvent, Stream
 
 from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
+from switchyard.models.remote import RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
+from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
 from switchyard.routes.openai_plans import choice_count, plan_chat
@@ -62,9 +65,16 @@ class _ChatStream(msgspec.Struct, kw_only=True):
 
 
 async def chat_response(
-    gw: Gateway, data: oai.ChatCompletionRequest
-) -> Response[oai.ChatCompletion] | ServerSentEvent:
-    """Answer a chat request (shared by the route and `/invocations`)."""
+    gw: Gateway, data: oai.ChatCompletionRequest, raw: bytes | None = None
+) -> Response[oai.ChatCompletion] | ServerSentEvent | Stream:
+    """Answer a chat request (shared by the route and `/invocations`).
+
+    ``raw``, the body as sent, is what a remote model's replica is sent.
+    """
+    target = gw.resolve(data.model)
+    if isinstance(target, RemoteModel) and raw is not None:
+        return await remote.forward(target, "openai", "/v1/chat/completions", raw,
+                                    bool(data.stream))
     model = gw.model(data.model)
     plans = fan_out(plan_chat(gw, model, data), choice_count(data.n))
     ident = f"chatcmpl-{uuid.uuid4().hex}"
@@ -153,7 +163,8 @@ async def _chat_stream(
 @post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],
       guards=[require_api_key], **openapi.CHAT_COMPLETIONS)
 async def chat_completions(
-    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest],
+    request: Request[Any, Any, Any],
 ) -> Response[oai.ChatCompletion] | ServerSentEvent:
     """Answer a chat conversation, as one JSON body or as server-sent chunks."""
-    return await chat_response(gw, data)
+    return await chat_response(gw, data, await request.body())

@@ -19,12 +19,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import msgspec
-from litestar import Response, post
+from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar.response import ServerSentEvent
+from litestar.response import ServerSentEvent, Stream
 
 from switchyard import openapi
 from switchyard.errors import ApiError
@@ -37,8 +38,10 @@ from switchyard.generation import (
     interleave,
     start_all,
 )
+from switchyard.models.remote import RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
+from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.completion_logprobs import echo_logprobs, generated_logprobs, joined
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
@@ -116,9 +119,15 @@ class _Answer:
 
 
 async def completion_response(
-    gw: Gateway, data: oai.CompletionRequest
-) -> Response[oai.Completion] | ServerSentEvent:
-    """Answer a completion request (shared by the route and `/invocations`)."""
+    gw: Gateway, data: oai.CompletionRequest, raw: bytes | None = None
+) -> Response[oai.Completion] | ServerSentEvent | Stream:
+    """Answer a completion request (shared by the route and `/invocations`).
+
+    ``raw``, the body as sent, is what a remote model's replica is sent.
+    """
+    target = gw.resolve(data.model)
+    if isinstance(target, RemoteModel) and raw is not None:
+        return await remote.forward(target, "openai", "/v1/completions", raw, bool(data.stream))
     model = gw.model(data.model)
     answer = _Answer(gw, model, data)
     if data.stream:
@@ -244,7 +253,8 @@ async def _completion_stream(answer: _Answer) -> AsyncIterator[str]:
 @post("/v1/completions", status_code=200, summary="OpenAI completions", tags=["OpenAI"],
       guards=[require_api_key], **openapi.COMPLETIONS)
 async def completions(
-    gw: NamedDependency[Gateway], data: JSONBody[oai.CompletionRequest]
+    gw: NamedDependency[Gateway], data: JSONBody[oai.CompletionRequest],
+    request: Request[Any, Any, Any],
 ) -> Response[oai.Completion] | ServerSentEvent:
     """Complete one prompt or a list of prompts, `n` choices each (of `best_of` candidates)."""
-    return await completion_response(gw, data)
+    return await completion_response(gw, data, await request.body())

@@ -55,7 +55,8 @@ async def live() -> Response[bytes]:
 async def info(gw: NamedDependency[Gateway]) -> tgi.Info:
     """TGI's `/info`: the served model and the server's limits."""
     s = gw.settings
-    model = gw.registry.default
+    # The first local model: a remote one has no limits or id of its own to report.
+    model = next(iter(gw.registry.models()), None)
     return tgi.Info(
         model_id=model.model_id if model else (s.model_id or "loading"),
         model_sha=None,

@@ -52,17 +52,17 @@ async def invocations(
     shape = msgspec.json.decode(body, type=_Shape)
     if shape.inputs:
         return await compat_response(
-            gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest), x_model)
+            gw, msgspec.json.decode(body, type=tgi.CompatGenerateRequest), x_model, body)
     if shape.messages:
         try:
             chat = msgspec.json.decode(body, type=oai.ChatCompletionRequest)
-            return await chat_response(gw, chat)
+            return await chat_response(gw, chat, body)
         except Exception as exc:  # noqa: BLE001 - every error answers in OpenAI's format
             return openai_error_response(exc, request)
     if shape.prompt:
         try:
             completion = msgspec.json.decode(body, type=oai.CompletionRequest)
-            return await completion_response(gw, completion)
+            return await completion_response(gw, completion, body)
         except Exception as exc:  # noqa: BLE001
             return openai_error_response(exc, request)
     return tgi_error_response(validation_error(

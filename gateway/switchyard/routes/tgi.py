@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from litestar import Response, Router, get, post
+from litestar import Request, Response, Router, get, post
 from litestar.di import NamedDependency
 from litestar.params import HeaderParameter, JSONBody
-from litestar.response import ServerSentEvent
+from litestar.response import ServerSentEvent, Stream
 
 from switchyard import openapi
 from switchyard.errors import ApiError, validation_error
@@ -23,6 +23,7 @@ from switchyard.generation import Completed, GeneratedToken, collect_all, start,
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
+from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.routes.openai_plans import chat_prompt
@@ -246,9 +247,16 @@ def sse(events: AsyncIterator[str], characters: int) -> ServerSentEvent:
 
 
 async def compat_response(
-    gw: Gateway, data: tgi.CompatGenerateRequest, model_name: str | None = None
-) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
-    """TGI's compatibility answer: a JSON array, or a stream when `stream` is true."""
+    gw: Gateway, data: tgi.CompatGenerateRequest, model_name: str | None = None,
+    raw: bytes | None = None,
+) -> Response[Any] | ServerSentEvent | Stream:
+    """TGI's compatibility answer: a JSON array, or a stream when `stream` is true.
+
+    ``raw``, the body as sent, is what a remote model's replica is sent.
+    """
+    target = remote.remote_target(gw, model_name, "tgi") if raw is not None else None
+    if target is not None and raw is not None:
+        return await remote.forward_tgi(target, "/", raw, data.stream)
     if data.stream:
         return sse(stream_events(gw, data, model_name), len(data.inputs))
     body, headers = await run_generate(gw, data, model_name)
@@ -259,9 +267,12 @@ async def compat_response(
       guards=[require_api_key], **openapi.GENERATE)
 async def generate_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
-    x_model: ModelHeader = None,
+    request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[tgi.GenerateResponse]:
     """Generate text for one input and answer when it is complete."""
+    target = remote.remote_target(gw, x_model, "tgi")
+    if target is not None:
+        return await remote.forward_tgi(target, "/generate", await request.body(), False)
     body, headers = await run_generate(gw, data, x_model)
     return Response(body, headers=headers, status_code=200)
 
@@ -270,9 +281,12 @@ async def generate_route(
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.GENERATE_STREAM)
 async def generate_stream_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
-    x_model: ModelHeader = None,
+    request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> ServerSentEvent:
     """Generate text for one input, one server-sent event per token."""
+    target = remote.remote_target(gw, x_model, "tgi")
+    if target is not None:
+        return await remote.forward_tgi(target, "/generate_stream", await request.body(), True)
     return sse(stream_events(gw, data, x_model), len(data.inputs))
 
 
@@ -280,10 +294,10 @@ async def generate_stream_route(
       guards=[require_api_key], **openapi.COMPAT)
 async def compat_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.CompatGenerateRequest],
-    x_model: ModelHeader = None,
+    request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility route: a JSON array, or a stream when `stream` is true."""
-    return await compat_response(gw, data, x_model)
+    return await compat_response(gw, data, x_model, await request.body())
 
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],

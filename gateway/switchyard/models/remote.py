@@ -1,0 +1,73 @@
+"""A model other servers serve: its names, its replicas, its permits and its settings.
+
+Beside `ServedModel` (a model on a local engine) in the registry. The routes
+forward a request for it with `routes/remote.py`; this type only holds what
+that needs and keeps its replicas watched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from switchyard.models.remote_config import RemoteEntry
+from switchyard.models.served import Admission
+from switchyard.models.upstream import Replica, ReplicaMonitor
+
+REMOTE_ENGINE = "remote"
+"""The `engine` label of a remote model's requests in metrics and the request log."""
+
+
+@dataclass(eq=False)
+class RemoteModel:
+    """A model served by `replicas`, reached through the gateway's pooled `client`."""
+
+    entry: RemoteEntry
+    client: httpx.AsyncClient
+    replicas: list[Replica] = field(default_factory=list)
+    admission: Admission = field(init=False)
+    _monitor: ReplicaMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            self.replicas = [Replica(url) for url in self.entry.upstreams]
+        self.admission = Admission(limit=self.entry.max_concurrent_requests)
+        self._monitor = ReplicaMonitor(self.client, self.replicas, self.entry.metrics_interval_s,
+                                       self.entry.cooldown_s, self.entry.max_failures)
+
+    @property
+    def name(self) -> str:
+        """What clients send as `model`."""
+        return self.entry.name
+
+    @property
+    def aliases(self) -> frozenset[str]:
+        """More names clients may send."""
+        return frozenset(self.entry.aliases) - {self.name}
+
+    @property
+    def speaks_tgi(self) -> bool:
+        """Whether the upstreams have TGI's routes (`/generate`, ...), not only OpenAI's."""
+        return self.entry.api == "tgi"
+
+    def upstream_model(self, replica: Replica) -> str:
+        """The `model` to send `replica`: configured, else what it lists first, else its default.
+
+        "tgi" is the name TGI and Switchyard take for "the default model"; a
+        replica that has not been asked yet (it was down at start-up) gets it.
+        """
+        return self.entry.upstream_model or replica.served_model or "tgi"
+
+    def failed(self, replica: Replica, why: str) -> None:
+        """A request to `replica` failed (logged with its address; enough take it out)."""
+        replica.failed(why, self.entry.max_failures, self.entry.cooldown_s)
+
+    async def start(self) -> None:
+        """Learn each replica's model and load once, then keep watching in the background."""
+        await self._monitor.refresh()
+        self._monitor.start()
+
+    async def stop(self) -> None:
+        """Stop watching the replicas."""
+        await self._monitor.stop()

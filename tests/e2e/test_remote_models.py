@@ -1,0 +1,236 @@
+"""Remote models: a gateway forwards to replicas, here the session's `switchyard serve` and fakes.
+
+One gateway serves a local model (`tiny`) and remote ones: `far` (alias
+`faraway`) and `oa` (declared OpenAI-only) on the session server; `pair` on a
+fake replica beside the session server, killed under load; and one each on a
+fake that answers garbage, one that closes mid-stream, one that never answers
+and an address nobody listens on.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import text_generation
+from huggingface_hub import InferenceClient
+from text_generation import Client
+
+from tests.conftest import LiveServer, _free_port, start_server, stop_server
+from tests.e2e.fake_upstream import FakeUpstream
+
+PROMPT = "def fibonacci(n):"
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[dict[str, FakeUpstream]]:
+    made = {mode: FakeUpstream(mode).start() for mode in ("garbage", "cut", "slow")}
+    made["pair"] = FakeUpstream("stream", events=15, gap_s=0.04).start()
+    yield made
+    for fake in made.values():
+        fake.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(server: LiveServer, fakes: dict[str, FakeUpstream], default_model_path: Path,
+            model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("remote")
+    config = folder / "models.toml"
+    config.write_text(f"""
+[[models]]
+name = "tiny"
+model_id = "{default_model_path}"
+engine_options = {{ num_threads = 1 }}
+
+[[models]]
+name = "far"
+aliases = ["faraway"]
+upstreams = ["{server.url}"]
+
+[[models]]
+name = "oa"
+api = "openai"
+upstreams = ["{server.url}/"]
+
+[[models]]
+name = "pair"
+upstreams = ["{server.url}", "{fakes['pair'].url}"]
+api = "openai"
+max_failures = 2
+cooldown_s = 0.5
+metrics_interval_s = 0.05
+
+[[models]]
+name = "garbage"
+upstreams = ["{fakes['garbage'].url}"]
+
+[[models]]
+name = "cut"
+upstreams = ["{fakes['cut'].url}"]
+max_failures = 1000  # never out: each test meets its broken stream
+
+[[models]]
+name = "slow"
+upstreams = ["{fakes['slow'].url}"]
+timeout_s = 2
+
+[[models]]
+name = "missing"
+upstreams = ["http://127.0.0.1:{_free_port()}"]
+""")
+    live = start_server(model_cache, folder, "--config", str(config), "--dtype", "float32")
+    yield live
+    stop_server(live)
+
+
+def _no_address(text: str) -> None:
+    assert "127.0.0.1" not in text and "http://" not in text, text
+
+
+def test_models_lists_remote_models_with_their_aliases(gateway):
+    ids = [m["id"] for m in httpx.get(f"{gateway.url}/v1/models", timeout=30).json()["data"]]
+    assert ids == ["tiny", "far", "faraway", "oa", "pair", "garbage", "cut", "slow", "missing"]
+
+
+def test_openai_clients_get_the_upstreams_tokens_by_name_and_alias(gateway, server):
+    direct = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", timeout=60)
+    want = direct.completions.create(model="tgi", prompt=PROMPT, max_tokens=8, temperature=0)
+    want_chat = direct.chat.completions.create(model="tgi", messages=MESSAGES, max_tokens=8,
+                                               temperature=0)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", timeout=60)
+    for name in ("far", "faraway", "oa"):
+        got = client.completions.create(model=name, prompt=PROMPT, max_tokens=8, temperature=0)
+        assert got.choices[0].text == want.choices[0].text
+        chunks = client.completions.create(model=name, prompt=PROMPT, max_tokens=8,
+                                           temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.choices[0].text
+        chat = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=8,
+                                              temperature=0, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
+        assert text == want_chat.choices[0].message.content
+
+
+def test_tgi_clients_get_the_upstreams_tokens_through_the_header(gateway, server):
+    want = Client(server.url, timeout=60).generate(PROMPT, max_new_tokens=8)
+    for name in ("far", "faraway"):
+        client = Client(gateway.url, headers={"X-Model": name}, timeout=60)
+        got = client.generate(PROMPT, max_new_tokens=8)
+        assert [t.id for t in got.details.tokens] == [t.id for t in want.details.tokens]
+        ids = [e.token.id for e in client.generate_stream(PROMPT, max_new_tokens=8)]
+        assert ids == [t.id for t in want.details.tokens]
+    hub = InferenceClient(base_url=gateway.url, headers={"X-Model": "far"}, timeout=60)
+    assert hub.text_generation(PROMPT, max_new_tokens=8) == want.generated_text
+
+
+def test_a_stream_passes_through_with_its_headers(gateway):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}}
+    with httpx.stream("POST", f"{gateway.url}/generate_stream", json=body, timeout=60,
+                      headers={"X-Model": "far"}) as answer:
+        assert answer.headers["x-accel-buffering"] == "no"
+        assert answer.headers["cache-control"] == "no-cache"
+        events = [line for line in answer.iter_lines() if line.startswith("data:")]
+    assert len(events) == 4 and '"generated_text":null' not in events[-1]
+
+
+def test_tgi_requests_for_an_openai_only_model_are_refused_in_tgis_format(gateway):
+    answer = httpx.post(f"{gateway.url}/generate", headers={"X-Model": "oa"}, timeout=30,
+                        json={"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})
+    assert answer.status_code == 422 and answer.json()["error_type"] == "validation"
+    assert "/v1/chat/completions" in answer.json()["error"]
+    with pytest.raises(text_generation.errors.ValidationError, match="OpenAI-compatible"):
+        list(Client(gateway.url, headers={"X-Model": "oa"}).generate_stream(PROMPT))
+
+
+@pytest.mark.parametrize("model", ["garbage", "cut", "missing"])
+def test_broken_upstreams_answer_a_clear_error_in_each_apis_format(gateway, model):
+    t0 = time.monotonic()
+    oai = httpx.post(f"{gateway.url}/v1/completions", timeout=30,
+                     json={"model": model, "prompt": "x", "max_tokens": 2})
+    assert oai.status_code in (502, 503), oai.text
+    assert f"Model `{model}`" in oai.json()["error"]["message"]
+    tgi = httpx.post(f"{gateway.url}/generate", headers={"X-Model": model}, timeout=30,
+                     json={"inputs": "x", "parameters": {"max_new_tokens": 2}})
+    assert tgi.status_code in (502, 503) and tgi.json()["error_type"] in ("upstream", "unhealthy")
+    with pytest.raises(openai.APIError):
+        list(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
+             .chat.completions.create(model=model, messages=MESSAGES, stream=True))
+    for text in (oai.text, tgi.text):
+        _no_address(text)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_stream_cut_midway_ends_with_an_error_event(gateway):
+    body = {"model": "cut", "prompt": "x", "max_tokens": 5, "stream": True}
+    answer = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
+    events = [line[5:].strip() for line in answer.text.splitlines() if line.startswith("data:")]
+    assert len(events) >= 3 and events[-1] == "[DONE]"
+    assert '"error"' in events[-2] and "stream broke" in events[-2]
+    assert all('"error"' not in e for e in events[:-2])  # the events before came whole
+    _no_address(events[-2])
+    with pytest.raises(text_generation.errors.UnknownError, match="stream broke"):
+        list(Client(gateway.url, headers={"X-Model": "cut"}).generate_stream("x"))
+
+
+def test_a_slow_upstream_holds_up_no_other_model_and_times_out(gateway):
+    result: dict[str, httpx.Response] = {}
+    slow = threading.Thread(target=lambda: result.setdefault("slow", httpx.post(
+        f"{gateway.url}/v1/completions", timeout=30,
+        json={"model": "slow", "prompt": "x", "max_tokens": 2})))
+    slow.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    local = httpx.post(f"{gateway.url}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "x", "max_tokens": 4})
+    assert local.status_code == 200 and time.monotonic() - t0 < 1.5
+    slow.join(timeout=20)
+    assert result["slow"].status_code == 504
+    assert "timed out" in result["slow"].json()["error"]["message"]
+
+
+def _stream(url: str, seen: dict[int, tuple[int, bool]], i: int) -> None:
+    """One streamed completion: (events received, whether it ended without error)."""
+    events, ok = 0, False
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={
+                "model": "pair", "prompt": PROMPT, "max_tokens": 12, "stream": True}) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    if '"error"' in line:
+                        break
+                    events += 1
+                    ok = line == "data: [DONE]"
+    except httpx.HTTPError:
+        pass
+    seen[i] = (events, ok)
+
+
+def test_a_replica_killed_under_load_fails_no_request_that_had_not_begun(gateway, fakes):
+    fake = fakes["pair"]
+    seen: dict[int, tuple[int, bool]] = {}
+    threads = [threading.Thread(target=_stream, args=(gateway.url, seen, i)) for i in range(24)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        if i == 8:  # kill it in the middle of its streams, before later requests arrive
+            deadline = time.monotonic() + 10
+            while fake.posts < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            fake.kill()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(seen) == 24 and fake.posts > 0
+    failed = [events for events, ok in seen.values() if not ok]
+    assert all(events > 0 for events in failed), seen  # only streams that had begun broke
+    log = gateway.log()
+    assert re.search(rf"replica {re.escape(fake.url)} taken out", log)
+    fake.start()  # it comes back on its port: probed after the cool-down, then used again
+    deadline = time.monotonic() + 10
+    while f"replica {fake.url} is back" not in gateway.log():
+        assert time.monotonic() < deadline, "the replica was not probed back"
+        time.sleep(0.1)
