@@ -201,6 +201,40 @@ class PluginHost:
                 f"has no kernels for; it can run: {runnable}")
         return method
 
+    def detect_quantization(self, name: str | None, model_path: str | os.PathLike) -> str | None:
+        """``--quantize`` for a model folder: ``name``, or the checkpoint method its config asks for.
+
+        A folder whose config.json has ``quantization_config.quant_method``
+        holds quantized weights: with no ``name`` it is served by the method
+        declaring that ``config_quant_method`` (logged); a ``name`` of another
+        method, or no method reading it, raises `UnsupportedQuantizationError`
+        saying so, since its float weights are not there to quantize.
+        """
+        detected = _config_quant_method(model_path)
+        if detected is None:
+            return name
+        methods = self.quantization_methods()
+        readers = sorted(m.name for m in methods.values()
+                         if m.load is not None and m.config_quant_method == detected)
+        where = f"{os.fspath(model_path)}/config.json"
+        if name is None:
+            if not readers:
+                raise UnsupportedQuantizationError(
+                    f"{where}: the weights are quantized with {detected!r} "
+                    "(quantization_config.quant_method) and no installed plugin reads that "
+                    "format; switchyard-quant reads gptq and awq")
+            log.info("%s: quantization_config.quant_method %r: serving with --quantize %s",
+                     where, detected, readers[0])
+            return readers[0]
+        if name not in readers:
+            also = (f"serve it with --quantize {' or '.join(readers)} or without --quantize"
+                    if readers else "no installed plugin reads that format")
+            raise UnsupportedQuantizationError(
+                f"--quantize {name!r}: {where} says the weights are already quantized with "
+                f"{detected!r} (quantization_config.quant_method), so there are no float "
+                f"weights for {name!r}; {also}")
+        return name
+
     def availability(self) -> list[EngineAvailability]:
         """Every engine with the answer of its device probe, best priority first."""
         specs = self.engines()
@@ -237,6 +271,20 @@ class PluginHost:
             "no installed engine has its device present; install a hardware plugin "
             "such as switchyard-xeon (see `switchyard plugins`)"
         )
+
+
+def _config_quant_method(model_path: str | os.PathLike) -> str | None:
+    """config.json's ``quantization_config.quant_method`` (lower case), or None."""
+    import json
+
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError):
+        return None  # the engine's loading reports a missing or broken config.json
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return str(method).lower() if method else None
 
 
 def _runs(engine: EngineSpec, method: QuantizationMethod) -> bool:

@@ -215,6 +215,29 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     """The engine options the method reads (documented with the method)."""
 
 
+class QuantizedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Already-quantized weights a checkpoint method read from files: what ``QuantizationMethod.load`` returns.
+
+    ``weights`` maps a linear layer's qualified name in the model built from
+    the folder's config.json (``"model.layers.0.self_attn.q_proj"``) to its
+    ``QuantizedWeight``, in one of the method's ``formats``; ``biases`` the
+    same names to float32 ``[N]`` biases read with them (a layer absent here
+    takes its bias from the model's own tensors, if it has one). The engine
+    builds the model without those layers' float weights, takes every other
+    tensor (embeddings, norms, layers left in float, the LM head when it is
+    not quantized) from the folder's safetensors, and ignores the folder's
+    tensors named in ``tensors`` (the ones the method consumed, e.g.
+    ``...q_proj.qweight``). ``source`` says what was read, for the start-up log.
+    """
+
+    weights: Mapping[str, QuantizedWeight]
+    biases: Mapping[str, Any] = {}
+    tensors: frozenset[str] = frozenset()
+    """Names of the folder's safetensors tensors the method read (not float weights)."""
+    source: str = ""
+    """E.g. "GPTQ (4 bits, group 128, checkpoint_format gptq) from model.safetensors"."""
+
+
 class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     """A plugin's declaration of one quantization method, named as users pass it to ``--quantize``.
 
@@ -230,6 +253,10 @@ class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     ``calibration.quantize`` and the statistics they recorded, and
     ``quantize`` stays the uncalibrated fallback (what kernel checks use).
     Methods without it are quantized weight by weight, as before.
+
+    A checkpoint method (GPTQ, AWQ folders) sets ``load``: the weights were
+    quantized before, and the engine reads them as ``QuantizedCheckpoint``
+    rather than quantizing float ones.
     """
 
     name: str
@@ -245,3 +272,15 @@ class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     kernels are checked against."""
     calibration: Calibration | None = None
     """Set by methods that quantize from activation statistics; None otherwise."""
+    load: Callable[[str, Mapping[str, str]], QuantizedCheckpoint] | None = None
+    """Checkpoint methods: read the already-quantized linears of the model folder
+    (its path) with these engine options; None for methods that quantize float
+    weights. Engines that support it take the layers it returns instead of
+    calling ``quantize`` (which stays an RTN fallback in the same formats, for
+    kernel checks). Raises ``ValueError`` naming the file and tensor when the
+    files are missing, malformed or in a layout the method cannot map exactly
+    to its formats; the engine turns that into a start-up error."""
+    config_quant_method: str = ""
+    """The ``quantization_config.quant_method`` of config.json (transformers'
+    name, e.g. "gptq") of the folders ``load`` reads; the gateway serves such a
+    folder with this method when ``--quantize`` is not given. "" for none."""

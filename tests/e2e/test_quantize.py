@@ -2,7 +2,8 @@
 
 int8 and int4 serve the greedy tokens of a transformers reference over the
 same quantized weights (``tests/xeon/quantized_reference.py``); a name no
-plugin declares stops start-up with what the engine can run.
+plugin declares stops start-up with what the engine can run; a GPTQ folder
+written by ``switchyard quantize`` serves, detected, the tokens of its weights.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ NEW_TOKENS = 8
 def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
         model_cache, default_model_path, tmp_path):
     with pytest.raises(RuntimeError) as failed:
-        start_server(model_cache, tmp_path, "--quantize", "gptq", timeout=120)
+        start_server(model_cache, tmp_path, "--quantize", "bitnet", timeout=120)
     log = str(failed.value)
-    assert "--quantize 'gptq': no installed plugin declares that quantization method" in log
-    assert ("engine 'xeon' can run: int4 (uint4-group128-asym), int4-g32 (uint4-group32-asym), "
-            "int4-g64 (uint4-group64-asym), int8 (int8-per-channel), smoothquant "
+    assert "--quantize 'bitnet': no installed plugin declares that quantization method" in log
+    uint4 = "uint4-group128-asym/uint4-group64-asym/uint4-group32-asym"
+    assert (f"engine 'xeon' can run: awq ({uint4}), gptq ({uint4}), int4 (uint4-group128-asym), "
+            "int4-g32 (uint4-group32-asym), int4-g64 (uint4-group64-asym), int8 "
+            f"(int8-per-channel), ipex-lowp ({uint4}), smoothquant "
             "(w8a8-smoothquant/w8a8-smoothquant-static)") in log
 
 
@@ -129,3 +132,46 @@ def test_smoothquant_server_serves_the_w8a8_reference_to_both_clients(model_cach
         assert "calibrated on 16 prompts" in live.log()
     finally:
         stop_server(live)
+
+
+def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
+                                                                    default_model_path,
+                                                                    tmp_path):
+    """``switchyard quantize`` writes the folder; ``serve --model-id`` detects GPTQ; TGI client
+    (tokens, checked against transformers over the folder's weights) and OpenAI SDK (text)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.xeon.test_xeon_checkpoints import _reference
+    from tests.xeon.test_xeon_decoder import _assert_greedy_near
+
+    _needs_kernels("int4")
+    folder = tmp_path / "gptq"
+    done = subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize",
+                           str(default_model_path), str(folder), "--method", "int4-g64"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "28 linears as GPTQ 4-bit, group 64, checkpoint_format gptq (RTN)" in done.stdout
+    reference = _reference(folder, load_file(str(folder / "model.safetensors")))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    live = start_server(model_cache, tmp_path, "--model-id", str(folder),
+                        env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
+    try:
+        response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
+        tokens = [t.id for t in response.details.tokens]
+        _assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS)
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
+        completion = client.completions.create(model=str(folder), prompt=PROMPT,
+                                               max_tokens=NEW_TOKENS, temperature=0)
+        assert completion.choices[0].text == tokenizer.decode(tokens)
+        log = live.log()
+        assert "quantization_config.quant_method 'gptq': serving with --quantize gptq" in log
+        assert "uint4 weights (groups of 64, scales and zero points) from the checkpoint" in log
+    finally:
+        stop_server(live)
+    with pytest.raises(RuntimeError) as refused:
+        start_server(model_cache, tmp_path, "--model-id", str(folder), "--quantize", "int8",
+                     timeout=120)
+    assert "already quantized with 'gptq'" in str(refused.value)

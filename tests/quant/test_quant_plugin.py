@@ -23,7 +23,13 @@ def test_importing_the_hooks_imports_no_torch():
 
 def test_it_declares_int8_and_three_int4_group_sizes():
     methods = {m.name: m for m in plugin.switchyard_quantization_methods()}
-    assert sorted(methods) == ["int4", "int4-g32", "int4-g64", "int8", "smoothquant"]
+    assert sorted(methods) == ["awq", "gptq", "int4", "int4-g32", "int4-g64", "int8",
+                               "ipex-lowp", "smoothquant"]
+    # Checkpoint methods read weights (load); the RTN ones quantize them.
+    assert [n for n, m in sorted(methods.items()) if m.load is not None] == [
+        "awq", "gptq", "ipex-lowp"]
+    assert (methods["gptq"].config_quant_method, methods["awq"].config_quant_method) == (
+        "gptq", "awq")
     assert methods["int8"].formats == (INT8_PER_CHANNEL,)
     for name, group in (("int4", 128), ("int4-g64", 64), ("int4-g32", 32)):
         assert methods[name].formats == (uint4_group_asym(group),)

@@ -85,6 +85,35 @@ def load_causal_lm(
     import transformers  # heavy; only engines that load a model pay for it
 
     path = Path(model_path)
+    config = checked_config(path)
+    model_type = config.model_type
+    torch_dtype = resolve_dtype(dtype)
+
+    logger.info("loading %s (%s) as %s on %s", path, model_type, dtype_name(torch_dtype), device)
+    start = time.perf_counter()
+    kwargs: dict[str, object] = {"dtype": torch_dtype, "use_safetensors": True}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise EngineStartError(f"cannot load weights from {str(path)!r}: {exc}") from exc
+    model = model.to(device).eval()
+    seconds = time.perf_counter() - start
+    logger.info("loaded %s in %.2fs", path, seconds)
+    return LoadedModel(model=model, info=model_info(model, config, torch_dtype, device),
+                       seconds=seconds)
+
+
+def checked_config(path: Path):  # -> transformers.PretrainedConfig
+    """The folder's transformers config, after checking the folder has what a model needs.
+
+    Raises :class:`EngineStartError` naming what is missing (the folder,
+    config.json, safetensors) or an architecture transformers does not know
+    as a causal LM.
+    """
+    import transformers
+
     if not path.is_dir():
         raise EngineStartError(f"model folder {str(path)!r} does not exist")
     config_file = path / "config.json"
@@ -92,8 +121,6 @@ def load_causal_lm(
         raise EngineStartError(f"model folder {str(path)!r} has no config.json")
     if not any(path.glob("*.safetensors")):
         raise EngineStartError(f"model folder {str(path)!r} has no .safetensors weights")
-    torch_dtype = resolve_dtype(dtype)
-
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -109,29 +136,22 @@ def load_causal_lm(
         raise EngineStartError(
             f"model type {model_type!r} is not a causal language model known to transformers"
         )
+    return config
 
-    logger.info("loading %s (%s) as %s on %s", path, model_type, dtype_name(torch_dtype), device)
-    start = time.perf_counter()
-    kwargs: dict[str, object] = {"dtype": torch_dtype, "use_safetensors": True}
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise EngineStartError(f"cannot load weights from {str(path)!r}: {exc}") from exc
-    model = model.to(device).eval()
-    seconds = time.perf_counter() - start
-    logger.info("loaded %s in %.2fs", path, seconds)
 
-    info = ModelInfo(
-        model_type=str(config.model_type),
-        dtype=dtype_name(torch_dtype),
-        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+def model_info(model: torch.nn.Module, config: object, dtype: torch.dtype,
+               device: str) -> ModelInfo:
+    """What an engine reports about a loaded ``model``."""
+    head = model.get_output_embeddings()
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]  # quantized: no .weight
+    return ModelInfo(
+        model_type=str(getattr(config, "model_type", "")),
+        dtype=dtype_name(dtype),
+        vocab_size=int(vocab),
         max_position_embeddings=int(getattr(config, "max_position_embeddings", 0) or 0),
         eos_token_ids=eos_token_ids(model),
         device=device,
     )
-    return LoadedModel(model=model, info=info, seconds=seconds)
 
 
 def eos_token_ids(model: torch.nn.Module) -> tuple[int, ...]:

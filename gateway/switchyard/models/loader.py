@@ -68,7 +68,9 @@ def load_model(
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(entry.engine)
     # Before the engine exists: a --quantize it cannot run stops here, naming what it can.
-    quantization = plugins.resolve_quantization(entry.quantize, spec)
+    # A quantized checkpoint (config.json's quantization_config) picks its reader.
+    quantize = plugins.detect_quantization(entry.quantize, path)
+    quantization = plugins.resolve_quantization(quantize, spec)
     engine = spec.factory(
         EngineConfig(
             model_path=str(path),
@@ -79,7 +81,7 @@ def load_model(
             max_batch_size=entry.max_batch_size,
             max_batch_prefill_tokens=entry.max_batch_prefill_tokens,
             max_batch_total_tokens=entry.max_batch_total_tokens,
-            quantize=entry.quantize,
+            quantize=quantize,
             quantization=quantization,
             options={
                 "max_waiting_tokens": str(entry.max_waiting_tokens),

@@ -1,4 +1,5 @@
-"""The quant plugin's hooks: weight-only ``int8`` and ``int4`` (three group sizes), ``smoothquant``.
+"""The quant plugin's hooks: weight-only ``int8`` and ``int4`` (three group sizes), ``smoothquant``,
+the checkpoint methods ``gptq``, ``awq`` and ``ipex-lowp``, and ``switchyard quantize``.
 
 Registered under the ``switchyard.plugins`` entry-point group. Importing this
 module is cheap and imports no torch: each method's functions import the
@@ -21,6 +22,7 @@ from switchyard_spec import (
     Calibration,
     Packing,
     QuantizationMethod,
+    QuantizedCheckpoint,
     QuantizedWeight,
     hookimpl,
     uint4_group_asym,
@@ -71,6 +73,35 @@ SMOOTHQUANT_OPTIONS = ("smoothquant_alpha", "smoothquant_activations", "calibrat
 """The engine options ``smoothquant`` reads (see :mod:`switchyard_quant.smoothquant`)."""
 
 
+def load_checkpoint(folder: str, options: Mapping[str, str], layout: str) -> QuantizedCheckpoint:
+    """See :mod:`switchyard_quant.checkpoints` (``layout``: gptq, awq or lowp)."""
+    if layout == "gptq":
+        from switchyard_quant.checkpoints.gptq import load_gptq as load
+    elif layout == "awq":
+        from switchyard_quant.checkpoints.awq import load_awq as load
+    else:
+        from switchyard_quant.checkpoints.lowp import load_lowp as load
+    return load(folder, options)
+
+
+CHECKPOINTS = {
+    "gptq": ("gptq", "GPTQ folders as transformers writes them (quantization_config "
+                     "quant_method gptq, 4 bits, no act-order; read, not quantized at load)"),
+    "awq": ("awq", "AWQ folders (AutoAWQ's GEMM layout, quant_method awq, 4 bits; read, "
+                   "not quantized at load)"),
+    "ipex-lowp": ("", "ipex's low-precision checkpoint (UINT4 packed along K, scales, zero "
+                      "points; --engine-option low_precision_checkpoint=FILE)"),
+}
+"""Checkpoint methods: name -> (config.json quant_method they are detected by, description)."""
+
+
+def quantize_main(argv: list[str]) -> int:
+    """See :func:`switchyard_quant.checkpoints.writer.main`."""
+    from switchyard_quant.checkpoints.writer import main
+
+    return main(argv)
+
+
 def dequantize(weight: QuantizedWeight) -> Any:
     """The float32 weight any of this plugin's formats stands for."""
     if weight.format.activations is not ActivationQuant.NONE:
@@ -110,4 +141,23 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
         calibration=Calibration(prompts=smoothquant_prompts,
                                 quantize=quantize_smoothquant_calibrated, max_tokens=128,
                                 options=SMOOTHQUANT_OPTIONS)))
+    uint4 = tuple(uint4_group_asym(g) for g in (128, 64, 32))
+    for name, (detected, description) in CHECKPOINTS.items():
+        layout = "lowp" if name == "ipex-lowp" else name
+        methods.append(QuantizationMethod(
+            name=name, description=description, formats=uint4,
+            quantize=functools.partial(quantize_int4, group_size=128), dequantize=dequantize,
+            load=functools.partial(load_checkpoint, layout=layout),
+            config_quant_method=detected))
     return methods
+
+
+@hookimpl
+def switchyard_commands() -> list[Any]:
+    """``switchyard quantize MODEL OUT --method int4``: write a GPTQ folder."""
+    from switchyard_spec import CommandSpec
+
+    return [CommandSpec(name="quantize",
+                        help="quant: round a model to 4 bits (RTN) and write a GPTQ folder "
+                             "(--method int4, int4-g64, int4-g32)",
+                        main=quantize_main)]

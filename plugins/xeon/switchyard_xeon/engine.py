@@ -224,11 +224,20 @@ class XeonEngine(Engine):
                         "cache, fp32 activations",
                         f" over quantized weights (--quantize {method.name})" if method else "")
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
-        loaded = load_causal_lm(
-            self.config.model_path,
-            dtype=str(dtype).removeprefix("torch."),
-            attn_implementation=attention.register(),
-        )
+        if method is not None and method.load is not None:
+            # A checkpoint method: its layers come quantized from the folder, the rest float.
+            from switchyard.engine.checkpoint import load_quantized_causal_lm
+
+            loaded, checkpoint = load_quantized_causal_lm(
+                self.config.model_path, method, self.config.options,
+                dtype=str(dtype).removeprefix("torch."), attn_implementation=attention.register())
+            logger.info("--quantize %s: %s", method.name, checkpoint.source)
+        else:
+            loaded = load_causal_lm(
+                self.config.model_path,
+                dtype=str(dtype).removeprefix("torch."),
+                attn_implementation=attention.register(),
+            )
         if bf16_dot:  # what the user asked for, and what the matmuls compute in
             loaded = dataclasses.replace(
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard_spec import ActivationStatistics, QuantizationMethod
+from switchyard.engine.checkpoint import QuantizedLinear
+from switchyard_spec import ActivationStatistics, QuantizationMethod, QuantizedWeight
 
 logger = logging.getLogger("switchyard.xeon")
 
@@ -111,23 +112,30 @@ class PanelLinear(torch.nn.Module):
                  narrow: bool = True, bf16_dot: bool = False,
                  quantization: QuantizationMethod | None = None,
                  statistics: ActivationStatistics | None = None,
-                 options: dict[str, str] | None = None) -> None:
+                 options: dict[str, str] | None = None,
+                 quantized: QuantizedWeight | None = None) -> None:
         super().__init__()
-        from switchyard_xeon.quantized import runs_w8a8
+        from switchyard_xeon.quantized import pack_quantized, runs_w8a8
 
         w8a8 = quantization is not None and runs_w8a8(quantization)
-        if quantization is not None and not bf16_dot and not w8a8:
+        if (quantization is not None or quantized is not None) and not bf16_dot and not w8a8:
             raise ValueError("quantized panels are dot-product panels: pass bf16_dot too")
-        self.out_features, self.in_features = weight.shape
-        weight = weight.detach()
         self.bf16_dot = bf16_dot
         self.weight_format = None
         """The ``WeightFormat`` of quantized weights; None for float ones."""
+        self.narrowed = False
+        if quantized is not None:  # already quantized (a checkpoint's layer): pack it as it is
+            self.out_features, self.in_features = quantized.out_features, quantized.in_features
+            self.weight_format = quantized.format
+            self.register_buffer("packed_weight", pack_quantized(quantized), persistent=False)
+            self.register_buffer("bias", None if bias is None else
+                                 bias.detach().float().contiguous().clone(), persistent=False)
+            return
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach()
         self.narrowed = (not bf16_dot and quantization is None and narrow
                          and holds_bf16(weight))
         if quantization is not None:
-            from switchyard_xeon.quantized import pack_quantized
-
             calibration = quantization.calibration
             if statistics is not None and calibration is not None:
                 quantized = calibration.quantize(weight, statistics, options or {})
@@ -267,20 +275,26 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     they share an input) and ``options``.
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    if not linears:
+    prequantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    if not linears and not prequantized:
         return PackReport(reason="no linear layers")
     reason = ""
-    dtypes = {m.weight.dtype for m in linears}
+    dtypes = {m.weight.dtype for m in linears} or {torch.float32}
     dtype = next(iter(dtypes))
     use_panels = panels and dtype == torch.float32
     dot = use_panels and bf16_dot
     from switchyard_xeon.quantized import runs_w8a8
 
     w8a8 = use_panels and quantization is not None and runs_w8a8(quantization)
-    method = quantization if dot or w8a8 else None
+    # A checkpoint method's layers come quantized (QuantizedLinear); float ones stay bf16.
+    checkpoint = quantization is not None and quantization.load is not None
+    method = quantization if (dot or w8a8) and not checkpoint else None
     stats = statistics or {}
 
-    def packer(weight: torch.Tensor, bias: torch.Tensor | None, name: str = "") -> torch.nn.Module:
+    def packer(weight: torch.Tensor | None, bias: torch.Tensor | None, name: str = "",
+               quantized: QuantizedWeight | None = None) -> torch.nn.Module:
+        if quantized is not None:
+            return PanelLinear(None, bias, bf16_dot=True, quantized=quantized)  # type: ignore[arg-type]
         if use_panels:
             return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method,
                                statistics=stats.get(name), options=options)
@@ -290,9 +304,13 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         reason = "linears=stock"
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
+    elif prequantized and not dot:
+        reason = "a checkpoint's quantized layers need the bf16 dot-product panels"
     else:
         reason = _check_packing(linears[0], packer, bf16_inputs=dot and not w8a8,
-                                quantization=method)
+                                quantization=method) if linears else ""
+        if not reason and prequantized:
+            reason = _check_prequantized(prequantized[0], packer)
         if reason:
             logger.info("packed linears unavailable, using stock ones: %s", reason)
     pack = not reason
@@ -303,6 +321,12 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         if fuse:
             for names in SIBLING_GROUPS:
                 group = [children.get(n) for n in names]
+                if pack and _fusable_quantized(group):
+                    _fuse_quantized(parent, names, group, packer)  # type: ignore[arg-type]
+                    packed += 1
+                    fused += 1
+                    children = dict(parent.named_children())
+                    continue
                 if all(type(m) is torch.nn.Linear for m in group) and _same_input_size(group):
                     _fuse(parent, names, group, packer if pack else None,
                           dot_prefix + names[0])
@@ -314,6 +338,9 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                 if type(child) is torch.nn.Linear:
                     setattr(parent, name, packer(child.weight, child.bias, dot_prefix + name))
                     packed += 1
+                elif isinstance(child, QuantizedLinear):
+                    setattr(parent, name, packer(None, child.bias, quantized=child.quantized))
+                    packed += 1
     narrowed = sum(isinstance(m, PanelLinear) and m.narrowed for m in model.modules())
     formats = {m.weight_format for m in model.modules() if isinstance(m, PanelLinear)}
     quantized = ""
@@ -321,6 +348,12 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         from switchyard_xeon.quantized import describe
 
         quantized = " and ".join(sorted(describe(f) for f in formats if f is not None))
+    elif checkpoint and pack and prequantized:
+        from switchyard_xeon.quantized import describe
+
+        kinds = " and ".join(sorted(describe(f) for f in formats if f is not None))
+        quantized = (f"{kinds} from the checkpoint ({len(prequantized)} linears)"
+                     + (", bf16 weights for the rest" if None in formats else ""))
     paths = ""
     if w8a8 and pack and quantized:
         from switchyard_xeon.kernels import load_kernels
@@ -330,6 +363,49 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                       dtype=str(dtype).removeprefix("torch."),
                       layout="panel" if use_panels else "oneDNN", narrowed=narrowed,
                       bf16_dot=dot and pack and not paths, quantized=quantized, w8a8=paths)
+
+
+def _fusable_quantized(group: list[torch.nn.Module | None]) -> bool:
+    """Whether ``group`` is all checkpoint layers of one format and one input size."""
+    if not all(isinstance(m, QuantizedLinear) for m in group):
+        return False
+    records = [m.quantized for m in group]  # type: ignore[union-attr]
+    return len({(r.format, r.in_features) for r in records}) == 1
+
+
+def _fuse_quantized(parent: torch.nn.Module, names: tuple[str, ...],
+                    group: list[QuantizedLinear], packer: Packer) -> None:
+    """:func:`_fuse` for checkpoint layers: their records stacked along N, packed once."""
+    from switchyard_xeon.quantized import stack_rows
+
+    weight = stack_rows([m.quantized for m in group])
+    bias = None
+    if any(m.bias is not None for m in group):
+        bias = torch.cat([m.bias.detach().float() if m.bias is not None
+                          else torch.zeros(m.out_features) for m in group])
+    linear = packer(None, bias, quantized=weight)
+    shared = _SharedMatmul(linear, [m.out_features for m in group])
+    for index, (name, module) in enumerate(zip(names, group, strict=True)):
+        setattr(parent, name, FusedSibling(shared, index, module.out_features))
+    parent.register_module(_fused_name(names), shared.linear)
+
+
+def _check_prequantized(sample: QuantizedLinear, packer: Packer) -> str:
+    """'' when a checkpoint layer on the panels agrees with ``F.linear`` over its method's
+    ``dequantize`` (bf16 inputs), else why not: the reader and the packing agree on the format."""
+    try:
+        packed = packer(None, sample.bias, quantized=sample.quantized)
+        x = torch.randn(3, sample.in_features, generator=torch.Generator().manual_seed(0))
+        x = x.bfloat16().float()
+        with torch.inference_mode():
+            got = packed(x).float()
+            want = F.linear(x, sample.method.dequantize(sample.quantized).float(), sample.bias)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    err = (got - want).abs().max().item()
+    if not err <= 1e-4 * (want.abs().max().item() or 1.0):
+        return f"packed checkpoint layer differs from F.linear by {err:.3g}"
+    return ""
 
 
 def _same_input_size(group: list[torch.nn.Module | None]) -> bool:

@@ -142,6 +142,24 @@ def pack_quantized(weight: QuantizedWeight) -> torch.Tensor:
                                      fmt.group_size, weight.in_features)
 
 
+def stack_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
+    """Weight-only records of one format and K as one record of their rows stacked (a fused q|k|v).
+
+    Every tensor of a weight-only format is indexed by output feature first,
+    so stacking the outputs is stacking each tensor along dim 0.
+    """
+    first = weights[0]
+    if any(w.format != first.format or w.in_features != first.in_features for w in weights) or (
+            is_w8a8(first.format)):
+        raise ValueError("only weight-only records of one format and K stack")
+    return QuantizedWeight(
+        format=first.format, out_features=sum(w.out_features for w in weights),
+        in_features=first.in_features, data=torch.cat([w.data for w in weights]),
+        scales=torch.cat([w.scales for w in weights]),
+        zero_points=None if first.zero_points is None else torch.cat(
+            [w.zero_points for w in weights]))
+
+
 def describe(fmt: WeightFormat) -> str:
     """How the start-up log names weights of ``fmt``, e.g. "int8 weights (per-feature scales)"."""
     if fmt == INT8_PER_CHANNEL:

@@ -1,0 +1,168 @@
+"""GPTQ folders on the Xeon engine: ``switchyard quantize`` writes one, the engine serves it.
+
+The round trip: the default model rounded by ``int4`` RTN into a GPTQ folder
+(``switchyard_quant.checkpoints.writer``); the folder's tensors unpacked here
+by GPTQ's documented layout, apart from the reader; the engine's greedy
+tokens those of transformers with those weights (bf16 inputs, as the panels
+compute; near ties allowed, ``_assert_greedy_near``). A folder that does not
+fit its config.json stops start-up with the tensor named.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from switchyard_spec import EngineConfig, EngineStartError
+from switchyard_quant.checkpoints.writer import write_gptq
+from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.kernels import load_kernels
+
+from tests.quant.methods import method
+from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.xeon.test_xeon_decoder import _assert_greedy_near, _with_bf16_matmuls
+
+PROMPTS = [[1, 17, 300, 45, 9, 1200, 77], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]]
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def gptq_folder(tmp_path_factory, default_model_path) -> Path:
+    if not load_kernels().uint4_dot:
+        pytest.skip(f"no uint4 dot-product panels here ({load_kernels().reason})")
+    out = tmp_path_factory.mktemp("gptq") / "model"
+    write_gptq(default_model_path, out, 64)
+    return out
+
+
+def _unpack(words: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] -> [R, 8 C]: value i of each word from bits 4i, least significant first."""
+    nibbles = [(words.long() >> (4 * i)) & 15 for i in range(8)]
+    return torch.stack(nibbles, -1).reshape(words.shape[0], -1)
+
+
+def _gptq_weight(tensors: dict[str, torch.Tensor], prefix: str, group: int) -> torch.Tensor:
+    """A GPTQ v1 layer's float weight [N, K]: qweight [K/8, N] along K, qzeros [G, N/8] minus one."""
+    q = _unpack(tensors[f"{prefix}.qweight"].T.contiguous())  # [N, K]
+    zeros = _unpack(tensors[f"{prefix}.qzeros"]).T + 1  # [N, G]
+    scales = tensors[f"{prefix}.scales"].float().T
+    g = torch.arange(q.shape[1]) // group
+    return (q - zeros[:, g]).float() * scales[:, g]
+
+
+def _started(folder: Path, **options: str) -> XeonEngine:
+    engine = XeonEngine(EngineConfig(model_path=str(folder), dtype="auto", quantize="gptq",
+                                     quantization=method("gptq"),
+                                     options={**TEST_OPTIONS, **options}))
+    engine.start()
+    return engine
+
+
+def test_the_written_folder_is_gptq_of_the_int4_rtn(gptq_folder, default_model_path):
+    """Its integers and zero points are int4-g64's; its scales those in float16; config says so."""
+    config = json.loads((gptq_folder / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": False,
+        "true_sequential": True, "static_groups": False, "checkpoint_format": "gptq",
+        "lm_head": False}
+    assert (gptq_folder / "tokenizer.json").is_file()
+    tensors = load_file(str(gptq_folder / "model.safetensors"))
+    source = load_file(str(Path(default_model_path) / "model.safetensors"))
+    prefix = "model.layers.1.mlp.down_proj"
+    rtn = method("int4-g64").quantize(source[f"{prefix}.weight"].float())
+    from switchyard_xeon.quantized import uint4_integers
+
+    assert torch.equal(_unpack(tensors[f"{prefix}.qweight"].T.contiguous()), uint4_integers(rtn))
+    assert torch.equal(_unpack(tensors[f"{prefix}.qzeros"]).T + 1, rtn.zero_points.long())
+    assert torch.equal(tensors[f"{prefix}.scales"], rtn.scales.T.half())
+    assert f"{prefix}.weight" not in tensors
+    assert torch.equal(tensors["lm_head.weight"], source["lm_head.weight"])  # kept in float
+    assert torch.equal(tensors["model.norm.weight"], source["model.norm.weight"])
+
+
+def test_a_gptq_folder_serves_the_greedy_tokens_of_its_weights(gptq_folder, caplog):
+    """Round trip: write, load, and the engine's tokens are those of the checkpoint's weights."""
+    tensors = load_file(str(gptq_folder / "model.safetensors"))
+    reference = _reference(gptq_folder, tensors)
+    caplog.set_level("INFO")
+    engine = _started(gptq_folder)
+    try:
+        sink = Collector()
+        for i, prompt in enumerate(PROMPTS):
+            engine.submit(greedy_request(f"r{i}", prompt, NEW), sink)
+        got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
+    finally:
+        engine.shutdown()
+    _assert_greedy_near(reference, PROMPTS, got, NEW)
+    assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
+    assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
+            "(28 linears), bf16 weights for the rest") in caplog.text
+
+
+def _reference(folder: Path, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """transformers with bf16 matmuls, every quantized linear over the folder's GPTQ weight."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    floats = {k: v.float() for k, v in tensors.items() if not k.endswith(
+        (".qweight", ".qzeros", ".scales", ".g_idx"))}
+    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
+        floats[f"{prefix}.weight"] = _gptq_weight(tensors, prefix, 64)
+    missing, _ = model.load_state_dict(floats, strict=False)
+    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    model.tie_weights()
+    twin = _with_bf16_matmuls(model)
+    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
+        parent, _, child = prefix.rpartition(".")
+        setattr(twin.get_submodule(parent), child, _ExactMatmul(floats[f"{prefix}.weight"]))
+    return twin
+
+
+class _ExactMatmul(torch.nn.Module):
+    """bf16 inputs times the dequantized weight, summed in float64: the panels' products, exactly."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.bfloat16().double(), self.weight).float()
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    return out
+
+
+def test_a_folder_that_does_not_fit_its_config_stops_start_up(gptq_folder, tmp_path):
+    """A missing float tensor, and a layer whose shape config.json contradicts, are named."""
+    broken = _copy(gptq_folder, tmp_path)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(EngineStartError, match=r"tensor 'model.norm.weight' is missing"):
+        _started(broken)
+    config = json.loads((gptq_folder / "config.json").read_text())
+    config["intermediate_size"] += 8
+    reshaped = tmp_path / "reshaped"
+    shutil.copytree(gptq_folder, reshaped)
+    (reshaped / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineStartError) as raised:
+        _started(reshaped)
+    assert ("--quantize gptq: the checkpoint's 'model.layers.0.mlp.down_proj' is [out 128, in "
+            "352] but config.json's model has [out 128, in 360]") in str(raised.value)
+
+
+def test_gptq_on_a_folder_without_quantization_config_is_refused(default_model_path):
+    with pytest.raises(EngineStartError, match=r"--quantize gptq: .*config.json: "
+                                               r"quantization_config.quant_method is None"):
+        _started(Path(default_model_path))
