@@ -103,6 +103,7 @@ class SequenceRun:
             sampling=plan.sampling,
             stopping=plan.stopping,
             prompt_logprobs=plan.prompt_logprobs,
+            constraint=plan.constraint,
         )
         # The request's telemetry times each sequence: submit, first event, end.
         self._record = note_sequence(

@@ -16,7 +16,7 @@ from msgspec.structs import replace
 from switchyard.errors import ApiError, validation_error
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.settings import ServeSettings, TokenLimits
-from switchyard_spec import SamplingParams, StoppingParams
+from switchyard_spec import Constraint, SamplingParams, StoppingParams
 
 # TGI validates the first 1024 new tokens against the total budget and re-queues
 # beyond; Switchyard's engines stop at the total budget instead, with "length".
@@ -37,6 +37,8 @@ class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
     max_new_tokens_given: bool = False
     prompt_logprobs: bool = False
     """Ask the engine for the prompt tokens' log-probabilities (TGI's `decoder_input_details`)."""
+    constraint: Constraint | None = None
+    """The grammar the text must follow (TGI's `grammar`, OpenAI's `response_format`)."""
     score_only: bool = False
     """Score the prompt and hand back no generated token (OpenAI's `max_tokens: 0`): the
     engine runs for one token, which telemetry counts as none generated of none asked."""
@@ -115,9 +117,8 @@ def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
             f"`top_n_tokens` must be >= 0 and <= {settings.max_top_n_tokens}. Given: {top_n}",
             param="top_n_tokens",
         )
+    # `grammar` is checked by the route (switchyard.constraints): it knows the model's engine.
     # Capabilities this build does not have yet get a validation error that names them.
-    if p.grammar is not None:
-        raise validation_error("grammar is not supported", param="grammar")
     if p.adapter_id is not None:
         raise validation_error(
             "`adapter_id` is not supported: this server has no LoRA adapters loaded",
@@ -146,6 +147,7 @@ def build_plan(
     presence_penalty: float = 0.0,
     logit_bias: tuple[tuple[int, float], ...] = (),
     include_stop: bool = True,
+    constraint: Constraint | None = None,
 ) -> GenerationPlan:
     """Apply truncation and the token limits, then build the engine's parameters.
 
@@ -207,6 +209,7 @@ def build_plan(
         return_full_text=bool(p.return_full_text),
         max_new_tokens_given=p.max_new_tokens is not None,
         prompt_logprobs=p.decoder_input_details,
+        constraint=constraint,
     )
 
 

@@ -29,6 +29,8 @@ from switchyard_spec.quantization import (
     uint4_group_asym,
 )
 from switchyard_spec.types import (
+    Constraint,
+    ConstraintKind,
     DeviceInfo,
     EngineConfig,
     EngineRequest,
@@ -57,6 +59,8 @@ __all__ = [
     "ActivationQuant",
     "ActivationStatistics",
     "Calibration",
+    "Constraint",
+    "ConstraintKind",
     "DeviceInfo",
     "Engine",
     "EngineConfig",

@@ -70,6 +70,43 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     et al. 2023, as TGI: gamma `WATERMARK_GAMMA`=0.5, delta `WATERMARK_DELTA`=2.0)."""
 
 
+class ConstraintKind(str, enum.Enum):
+    """What language a ``Constraint`` holds its generated text to."""
+
+    JSON_SCHEMA = "json_schema"
+    """``Constraint.spec`` is a JSON schema: the text is one JSON value valid against it."""
+    JSON_OBJECT = "json_object"
+    """Any JSON object (OpenAI's ``json_object``); ``Constraint.spec`` is empty."""
+    REGEX = "regex"
+    """``Constraint.spec`` is a regular expression the whole text must match."""
+
+
+class Constraint(msgspec.Struct, frozen=True, kw_only=True):
+    """A grammar the generated text must follow (structured output).
+
+    The gateway builds it from TGI's ``grammar`` or OpenAI's ``response_format``
+    after checking that the spec compiles and uses nothing the grammar engine
+    would silently ignore, so an engine may compile it without further checks.
+    ``spec`` is canonical (a schema is re-serialised compactly with sorted
+    keys), so equal constraints have equal ``spec`` and an engine may key a
+    compile cache on ``(kind, spec)``.
+
+    An engine that declares ``EngineSpec.constrained_decoding`` masks every
+    token the grammar does not allow before any other logit processing (logit
+    bias, penalties, temperature, top-k/p), so sampling parameters choose only
+    among allowed tokens. JSON is produced compactly (no whitespace between
+    tokens) with ``","`` and ``":"`` separators. When the grammar is complete
+    and allows nothing more, only the request's EOS tokens are allowed; the
+    sequence ends with ``FinishReason.EOS_TOKEN`` (the grammar ended the text)
+    or ``LENGTH`` if ``max_new_tokens`` runs out first, in which case the text
+    is a prefix of a valid one.
+    """
+
+    kind: ConstraintKind
+    spec: str = ""
+    """The schema's JSON text or the pattern; empty for ``JSON_OBJECT``."""
+
+
 class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
     """When the engine ends a sequence on its own.
 
@@ -99,6 +136,9 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_logprobs: bool = False
     """Whether the engine must report the log-probability of each prompt token
     (TGI's `decoder_input_details`), on the sequence's first event."""
+    constraint: Constraint | None = None
+    """A grammar the generated text must follow; None for free text. The gateway
+    sends one only to engines whose ``EngineSpec.constrained_decoding`` is true."""
 
 
 class TopToken(msgspec.Struct, frozen=True, array_like=True):
@@ -294,3 +334,8 @@ class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
     lists the methods that are. Declare every format the engine has a kernel
     for; when this machine lacks one (an instruction set, a library),
     ``Engine.start`` raises ``EngineStartError`` saying so."""
+    constrained_decoding: bool = False
+    """Whether the engine honours ``EngineRequest.constraint`` (structured output).
+    The gateway refuses a request with a grammar or a JSON ``response_format`` for
+    a model whose engine does not, with a 422, rather than return unconstrained
+    text. The toolkit's ``switchyard.engine.grammar`` does the masking."""

@@ -179,8 +179,12 @@ def test_tools_and_response_format_are_refused_by_name(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", json={**base, "tools": tools}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["param"] == "tools"
     r = httpx.post(f"{server.url}/v1/chat/completions",
-                   json={**base, "response_format": {"type": "json_object"}}, timeout=30)
+                   json={**base, "response_format": {"type": "xml"}}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["param"] == "response_format"
+    r = httpx.post(f"{server.url}/v1/chat/completions",
+                   json={**base, "tools": tools, "response_format": {"type": "json_object"}},
+                   timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["type"] == "tool_error"
     r = httpx.post(f"{server.url}/v1/chat/completions",
                    json={**base, "response_format": {"type": "text"}, "tools": tools,
                          "tool_choice": "none"}, timeout=30)

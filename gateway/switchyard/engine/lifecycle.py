@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from switchyard_spec import EngineRequest, EventSink, FinishReason, TokenEvent
+
+if TYPE_CHECKING:
+    from switchyard.engine.sampling import RowSampler
 
 logger = logging.getLogger("switchyard.engine")
 
@@ -70,12 +73,18 @@ class GeneratingSequence(Protocol):
     @property
     def max_length(self) -> int: ...
 
+    @property
+    def sampler(self) -> RowSampler: ...
+
 
 def finish_reason(seq: GeneratingSequence, token_id: int) -> FinishReason | None:
     """Why ``seq`` stops after generating ``token_id``, or None if it goes on."""
     stopping = seq.request.stopping
     if not seq.ignore_eos and token_id in stopping.eos_token_ids:
         return FinishReason.EOS_TOKEN
+    grammar = seq.sampler.grammar
+    if grammar is not None and grammar.terminated:
+        return FinishReason.EOS_TOKEN  # the grammar took its stop token: the text is complete
     if seq.generated >= stopping.max_new_tokens or len(seq.tokens) >= seq.max_length:
         return FinishReason.LENGTH
     return None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from switchyard.engine.inverse_cdf import inverse_cdf
 from switchyard.engine.topk_filter import Filtered, filter_candidates
 from switchyard.engine.watermark import WatermarkConfig, apply_watermark
 from switchyard_spec import SamplingParams, TopToken
+
+if TYPE_CHECKING:
+    from switchyard.engine.grammar import GrammarState
 
 _NEG_INF = float("-inf")
 
@@ -100,6 +104,9 @@ class RowSampler:
         self.counts: torch.Tensor | None = None
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.grammar: GrammarState | None = None
+        """The request's grammar (:mod:`switchyard.engine.grammar`), set by the engine
+        for a constrained request; :meth:`record` advances it."""
 
     @property
     def has_penalty(self) -> bool:
@@ -108,6 +115,8 @@ class RowSampler:
 
     def record(self, token_id: int) -> None:
         """Add a generated token to the history (penalties, watermark seed)."""
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if not 0 <= token_id < self.vocab_size:
             return
         self.previous_token = token_id
@@ -124,6 +133,9 @@ class SampledToken:
     token_id: int
     logprob: float
     top_tokens: tuple[TopToken, ...] = ()
+    error: str | None = None
+    """Set when the row could not be served (its grammar failed): the token is to be
+    dropped and the sequence ended with this error."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
+from switchyard.constraints import engine_can_constrain, response_format_constraint
 from switchyard.errors import ApiError, validation_error
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
@@ -21,6 +22,7 @@ from switchyard.routes.completion_prompts import CompletionPrompt, completion_pr
 from switchyard.state import Gateway
 from switchyard.text.chat import ChatMessage, ChatTemplateError, render_chat
 from switchyard.validation import GenerationPlan, build_plan, check_parameters
+from switchyard_spec import Constraint
 
 MAX_N = 128
 """Most choices one request may ask for (OpenAI's own limit)."""
@@ -164,16 +166,34 @@ def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest) -> str:
 
 def _reject_unsupported_chat_fields(req: oai.ChatCompletionRequest) -> None:
     """Fields this server cannot honour yet get a 422 that names them, never silence."""
+    rf = req.response_format
+    if req.tools is not None and rf is not None and (rf.type != "text" or rf.value is not None):
+        # TGI's answer, even for `tools: []`.
+        raise ApiError(422, "Tool error: Grammar and tools are mutually exclusive",
+                       "tool_error", param="tools")
     if req.tools and req.tool_choice != "none":
         raise validation_error(
-            "`tools` are not supported by this server yet (no grammar engine)", param="tools"
+            "`tools` are not supported by this server yet (only `tool_choice: \"none\"`)",
+            param="tools",
         )
-    if req.response_format is not None and req.response_format.type != "text":
+
+
+def chat_constraint(model: ServedModel, req: oai.ChatCompletionRequest) -> Constraint | None:
+    """The constraint of a chat request's `response_format`, checked (None for text)."""
+    rf = req.response_format
+    if rf is None:
+        return None
+    schema_config = None
+    if rf.json_schema is not None:
+        schema_config = msgspec.to_builtins(rf.json_schema)
+        schema_config["schema"] = rf.json_schema.schema
+    constraint = response_format_constraint(rf.type, schema_config, rf.value)
+    if constraint is not None and not engine_can_constrain(model):
         raise validation_error(
-            f"`response_format` of type {req.response_format.type!r} is not supported by this "
-            "server yet (no grammar engine)",
-            param="response_format",
-        )
+            f"`response_format` of type {rf.type!r} is not supported for model {model.name!r}: "
+            f"its engine ({model.engine_spec.name}) cannot constrain decoding",
+            param="response_format")
+    return constraint
 
 
 def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -> GenerationPlan:
@@ -184,6 +204,7 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
         raise validation_error("`top_logprobs` requires `logprobs` to be true",
                                param="top_logprobs")
     _reject_unsupported_chat_fields(req)
+    constraint = chat_constraint(model, req)
     max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                   else req.max_tokens)
     params = to_parameters(SamplingFields(
@@ -198,6 +219,7 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     return build_plan(
         ids, params, model.limits, model.info.eos_token_ids,
         presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
+        constraint=constraint,
     )
 
 

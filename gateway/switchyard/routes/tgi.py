@@ -18,6 +18,7 @@ from litestar.params import HeaderParameter, JSONBody
 from litestar.response import ServerSentEvent, Stream
 
 from switchyard import openapi
+from switchyard.constraints import engine_can_constrain, tgi_constraint
 from switchyard.errors import ApiError, validation_error
 from switchyard.generation import Completed, GeneratedToken, collect_all, start, start_all
 from switchyard.models.served import ServedModel
@@ -57,8 +58,13 @@ def plan_tgi(gw: Gateway, model: ServedModel, request: tgi.GenerateRequest) -> G
     params = _parameters(request)
     check_parameters(params, gw.settings)
     check_inputs(request.inputs, params, model.limits)
+    constraint = None
+    if params.grammar is not None:
+        if not engine_can_constrain(model):  # TGI's answer under --disable-grammar-support
+            raise validation_error("grammar is not supported", param="grammar")
+        constraint = tgi_constraint(params.grammar.type, params.grammar.value)
     ids = model.tokenizer.encode(request.inputs, add_special_tokens=True)
-    return build_plan(ids, params, model.limits, model.info.eos_token_ids)
+    return build_plan(ids, params, model.limits, model.info.eos_token_ids, constraint=constraint)
 
 
 def _token(token: GeneratedToken) -> tgi.Token:

@@ -27,6 +27,10 @@ def record_results(sched: Scheduler, batch: Seq[Sequence],
     for seq, res in zip(batch, results, strict=True):
         if res is None:
             continue
+        if res.error is not None:  # this row could not be served (its grammar failed)
+            sched.finish(seq)
+            emit(seq, -1, error=res.error)
+            continue
         seq.tokens.append(res.token_id)
         seq.sampler.record(res.token_id)
         finish = finish_reason(seq, res.token_id)

@@ -62,5 +62,6 @@ def switchyard_engines() -> list[EngineSpec]:
             probe=probe,
             priority=PRIORITY,
             weight_formats=WEIGHT_FORMATS,
+            constrained_decoding=True,
         )
     ]

@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from switchyard.engine.grammar import (
+    GrammarSupport,
+    apply_grammars,
+    failed_state,
+    model_folder,
+)
 from switchyard.engine.logprobs import prompt_scores
 from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError, TopToken
@@ -149,6 +155,9 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.prefill_kernel = prefill_kernel
         self.device = cache.device
+        self.grammar: GrammarSupport | None = None
+        """Constrained decoding for this model, built when the first constrained request
+        arrives (from the folder the model was loaded from); an engine may set it."""
 
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
         """Feed every sequence its ``num_scheduled`` tokens; choose the next token where due.
@@ -161,6 +170,8 @@ class ModelRunner:
         """
         offsets = list(itertools.accumulate((s.num_scheduled for s in seqs), initial=0))[:-1]
         plan = plan_outputs(seqs, offsets)
+        # A constrained sequence's grammar compiles in a worker during this forward pass.
+        constrained = self._start_grammars(seqs)
         logits = self.forward(seqs, plan.keep)
         carry = None
         top_n = 0
@@ -179,13 +190,44 @@ class ModelRunner:
             logits = logits[torch.tensor(plan.sample_rows, dtype=torch.long, device=logits.device)]
         samplers = [seq.sampler for seq in seqs if seq.samples]
         if samplers:
+            errors: list[str | None] = []
+            if constrained:
+                # Before logit bias, penalties and warping: they choose among allowed tokens.
+                errors = apply_grammars(self.grammar, logits, samplers)
             result = sample_step(logits, samplers, carry)
-            tokens, carried = iter(result.tokens), result.carried
+            sampled = result.tokens
+            if any(errors):
+                sampled = [tok if e is None else SampledToken(-1, 0.0, error=e)
+                           for tok, e in zip(sampled, errors, strict=True)]
+            tokens, carried = iter(sampled), result.carried
         else:
             tokens, carried = iter(()), (carry.tolist() if carry is not None else [])
         if carry is not None:
             _store_prompt_scores(seqs, plan, carried, top_n)
         return [next(tokens) if seq.samples else None for seq in seqs]
+
+    def _start_grammars(self, seqs: Seq[Sequence]) -> bool:
+        """Start compiling the grammar of each constrained sequence seen for the first time.
+
+        Returns whether any sequence of the step is constrained.
+        """
+        constrained = False
+        for seq in seqs:
+            if seq.request.constraint is None:
+                continue
+            constrained = True
+            if seq.sampler.grammar is not None:
+                continue
+            if self.grammar is None:
+                folder = model_folder(self._forward)
+                if folder is None:  # the row fails alone (GrammarState.error), not the step
+                    seq.sampler.grammar = failed_state(
+                        "constrained decoding: the folder the model was loaded from is unknown")
+                    continue
+                # The samplers are sized to the logits' width (padded vocabularies included).
+                self.grammar = GrammarSupport(folder, seq.sampler.vocab_size)
+            seq.sampler.grammar = self.grammar.start(seq.request)
+        return constrained
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
         """Logits at the packed positions ``keep`` ([len(keep), vocab]).

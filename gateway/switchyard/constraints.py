@@ -1,0 +1,255 @@
+"""TGI's `grammar` and OpenAI's `response_format`, validated into one engine `Constraint`.
+
+Everything is checked before a request reaches an engine, so a bad grammar is a
+422 in the route's format and never unconstrained text:
+
+- a JSON schema must be valid against JSON Schema's draft 2020-12 meta-schema,
+  must use no keyword the grammar engine (xgrammar) would silently ignore
+  (:data:`IGNORED_KEYWORDS`, and `minLength`/`maxLength` beside `pattern` or
+  `format`), and must compile: the gateway builds the grammar once without a
+  tokenizer (xgrammar's `Grammar.from_json_schema`, a fraction of a
+  millisecond for small schemas), the engine compiles it again for its
+  tokenizer;
+- a regular expression must compile the same way and hold no NUL byte;
+- either is at most :data:`MAX_GRAMMAR_BYTES` long.
+
+The constraint's spec is canonical (compact JSON with sorted keys), so equal
+schemas share one compiled grammar in the engine's cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from switchyard.errors import validation_error
+from switchyard_spec import Constraint, ConstraintKind
+
+MAX_GRAMMAR_BYTES = 64 * 1024
+"""Largest schema (as compact JSON) or pattern a request may carry."""
+
+IGNORED_KEYWORDS = (
+    "uniqueItems", "contains", "minContains", "maxContains", "multipleOf", "not", "if", "then",
+    "else", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+    "unevaluatedItems",
+)
+"""Schema keywords xgrammar 0.2 accepts but does not (or not always) enforce: a
+schema with one is refused rather than answered with text that may violate it."""
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "contains", "not", "if",
+                  "then", "else", "unevaluatedItems", "unevaluatedProperties",
+                  "additionalItems")
+
+
+def _unsupported(schema: Any, where: str = "#") -> str | None:
+    """The first unenforced keyword in ``schema`` and where it is, or None."""
+    if not isinstance(schema, dict):
+        return None
+    for key in IGNORED_KEYWORDS:
+        if key in schema:
+            return f"`{key}` (at {where})"
+    if ("pattern" in schema or "format" in schema) and (
+            "minLength" in schema or "maxLength" in schema):
+        return f"`minLength`/`maxLength` together with `pattern` or `format` (at {where})"
+    for key in _SUBSCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                found = _unsupported(sub, f"{where}/{key}/{name}")
+                if found:
+                    return found
+    for key in _SUBSCHEMA_LISTS:
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                found = _unsupported(sub, f"{where}/{key}/{i}")
+                if found:
+                    return found
+    for key in _SUBSCHEMA_ONE:
+        value = schema.get(key)
+        if isinstance(value, list):  # draft-4 style tuple `items`
+            for i, sub in enumerate(value):
+                found = _unsupported(sub, f"{where}/{key}/{i}")
+                if found:
+                    return found
+        else:
+            found = _unsupported(value, f"{where}/{key}")
+            if found:
+                return found
+    return None
+
+
+class ConstraintError(ValueError):
+    """Why a schema or pattern cannot be used; the routes word it for their API."""
+
+
+def schema_constraint(schema: Any) -> Constraint:
+    """A checked JSON-schema constraint; ``ConstraintError`` says what is wrong."""
+    if isinstance(schema, bool) or not isinstance(schema, dict):
+        raise ConstraintError("the schema must be a JSON object")
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConstraintError(exc.message) from None
+    spec = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(spec.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"the schema is {len(spec.encode())} bytes, more than the "
+                              f"{MAX_GRAMMAR_BYTES} allowed")
+    found = _unsupported(schema)
+    if found:
+        raise ConstraintError(f"{found} is not supported: the grammar engine would not "
+                              "enforce it")
+    import xgrammar as xgr
+
+    from switchyard.engine.grammar import JSON_SEPARATORS
+
+    try:
+        xgr.Grammar.from_json_schema(spec, any_whitespace=False, separators=JSON_SEPARATORS,
+                                     strict_mode=False)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
+        raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
+    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=spec)
+
+
+def regex_constraint(pattern: Any) -> Constraint:
+    """A checked regular-expression constraint; ``ConstraintError`` says what is wrong."""
+    if not isinstance(pattern, str):
+        raise ConstraintError("a regex grammar's value must be a string")
+    if not pattern:
+        raise ConstraintError("the regular expression is empty")
+    if "\x00" in pattern:
+        raise ConstraintError("the regular expression holds a NUL character")
+    if len(pattern.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"the regular expression is {len(pattern.encode())} bytes, more "
+                              f"than the {MAX_GRAMMAR_BYTES} allowed")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_regex(pattern)
+    except Exception as exc:  # noqa: BLE001
+        raise ConstraintError(f"cannot compile the regular expression: {_reason(exc)}") from None
+    return Constraint(kind=ConstraintKind.REGEX, spec=pattern)
+
+
+JSON_OBJECT = Constraint(kind=ConstraintKind.JSON_OBJECT)
+"""OpenAI's `{"type": "json_object"}`: any JSON object."""
+
+
+def _reason(exc: Exception) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    text = str(exc).strip()
+    head, sep, rest = text.partition(": ")
+    if sep and ".cc:" in head:
+        text = rest
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _json_value(value: Any) -> Any:
+    """TGI's `json` value: a schema object, or a string holding one."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ConstraintError(f"the schema is not valid JSON: {exc}") from None
+    return value
+
+
+def tgi_constraint(grammar_type: str, value: Any) -> Constraint:
+    """TGI's `parameters.grammar` as a constraint, with TGI's message on failure.
+
+    `json` and its alias `json_object` take a schema (or its JSON text),
+    `json_schema` takes `{"name"?, "schema", "strict"?}`, `regex` a pattern.
+    """
+    try:
+        if grammar_type in ("json", "json_object"):
+            return schema_constraint(_json_value(value))
+        if grammar_type == "json_schema":
+            value = _json_value(value)
+            if not isinstance(value, dict) or "schema" not in value:
+                raise ConstraintError("a json_schema grammar's value must be an object with "
+                                      "a `schema`")
+            return schema_constraint(_json_value(value["schema"]))
+        if grammar_type == "regex":
+            return regex_constraint(value)
+    except ConstraintError as exc:
+        raise validation_error(f"grammar is not valid: {exc}", param="grammar") from None
+    raise validation_error(f"grammar is not valid: unknown type {grammar_type!r}",
+                           param="grammar")
+
+
+def _strict_problem(schema: Any, where: str = "()") -> str | None:
+    """Where a schema breaks OpenAI's strict mode (closed objects, every property required)."""
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("type") == "object" or "properties" in schema:
+        if schema.get("additionalProperties", True) is not False:
+            return (f"In context={where}, 'additionalProperties' is required to be supplied "
+                    "and to be false.")
+        props = schema.get("properties", {})
+        missing = [k for k in props if k not in schema.get("required", [])]
+        if missing:
+            return (f"In context={where}, 'required' is required to be supplied and to be an "
+                    f"array including every key in properties. Missing '{missing[0]}'.")
+        for name, sub in props.items():
+            found = _strict_problem(sub, f"('properties', '{name}')")
+            if found:
+                return found
+    for key in ("items", "additionalProperties"):
+        found = _strict_problem(schema.get(key), f"('{key}',)")
+        if found:
+            return found
+    for key in ("anyOf", "$defs", "definitions"):
+        value = schema.get(key)
+        subs = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+            else ()
+        for sub in subs:
+            found = _strict_problem(sub, f"('{key}',)")
+            if found:
+                return found
+    return None
+
+
+def response_format_constraint(rf_type: str, json_schema: Any, value: Any) -> Constraint | None:
+    """OpenAI's `response_format` (or TGI's `{type, value}` form) as a constraint.
+
+    ``json_schema`` is OpenAI's `json_schema` object (with `name`, `schema`,
+    `strict`) as a dict, or None. Errors are 422s naming `response_format`.
+    """
+    param = "response_format"
+    try:
+        if rf_type == "text" and value is None:
+            return None
+        if rf_type == "json_object" and value is None:
+            return JSON_OBJECT
+        if rf_type == "json_schema" and json_schema is not None:
+            schema = json_schema.get("schema")
+            if schema is None:
+                raise validation_error("Missing required parameter: "
+                                       "'response_format.json_schema.schema'.", param=param)
+            if json_schema.get("strict"):
+                problem = _strict_problem(schema)
+                if problem:
+                    name = json_schema.get("name") or "response"
+                    raise validation_error(
+                        f"Invalid schema for response_format '{name}': {problem}", param=param)
+            return schema_constraint(schema)
+        if rf_type in ("json", "json_object", "json_schema", "regex") and value is not None:
+            return tgi_constraint(rf_type, value)
+    except ConstraintError as exc:
+        raise validation_error(f"Invalid 'response_format': {exc}", param=param) from None
+    raise validation_error(
+        f"Invalid 'response_format': type {rf_type!r} needs "
+        + ("`json_schema`" if rf_type == "json_schema" else "a `value`" if rf_type in
+           ("json", "regex") else "one of `text`, `json_object`, `json_schema`"),
+        param=param)
+
+
+def engine_can_constrain(model: Any) -> bool:
+    """Whether the served model's engine declares ``EngineSpec.constrained_decoding``."""
+    spec = getattr(model, "engine_spec", None)
+    return bool(getattr(spec, "constrained_decoding", False))

@@ -1,0 +1,142 @@
+"""The grammar toolkit (switchyard.engine.grammar) against xgrammar's own matcher.
+
+Tiny tokenizer: the default model's byte-level BPE (2,048 tokens).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+xgr = pytest.importorskip("xgrammar")
+
+from switchyard.engine.grammar import GrammarSupport, compile_grammar  # noqa: E402
+from switchyard.engine.lifecycle import finish_reason  # noqa: E402
+from switchyard.engine.sampling import RowSampler, sample  # noqa: E402
+from switchyard.engine.sequence import BaseSequence  # noqa: E402
+from switchyard_spec import (  # noqa: E402
+    Constraint,
+    ConstraintKind,
+    EngineRequest,
+    FinishReason,
+    SamplingParams,
+    StoppingParams,
+)
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                  "maximum": 99},
+                                           "b": {"type": "boolean"}},
+          "required": ["n", "b"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(default_model_path))
+
+
+def _request(constraint: Constraint, eos: tuple[int, ...] = (2,), do_sample=False,
+             seed=None) -> EngineRequest:
+    return EngineRequest(request_id="r", prompt_token_ids=(1, 5, 6),
+                         sampling=SamplingParams(do_sample=do_sample, seed=seed),
+                         stopping=StoppingParams(max_new_tokens=64, eos_token_ids=eos),
+                         constraint=constraint)
+
+
+def _schema() -> Constraint:
+    return Constraint(kind=ConstraintKind.JSON_SCHEMA,
+                      spec=json.dumps(SCHEMA, sort_keys=True, separators=(",", ":")))
+
+
+def _reference_allowed(tokenizer, vocab: int, constraint: Constraint, prefix: list[int]):
+    """Allowed next tokens per xgrammar's own matcher, built independently."""
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab)
+    compiled = compile_grammar(xgr.GrammarCompiler(info), constraint)
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[2])
+    for t in prefix:
+        assert matcher.accept_token(t)
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    matcher.fill_next_token_bitmask(mask)
+    logits = torch.zeros(1, vocab)
+    xgr.apply_token_bitmask_inplace(logits, mask)
+    return set(torch.isfinite(logits[0]).nonzero()[:, 0].tolist())
+
+
+@pytest.mark.parametrize("pad", [0, 61])
+def test_mask_matches_xgrammar_along_a_generation(tokenizer, pad):
+    vocab = len(tokenizer) + pad  # a padded vocabulary: the logits are wider than the tokens
+    support = GrammarSupport(tokenizer, vocab)
+    constraint = _schema()
+    row = RowSampler(SamplingParams(do_sample=True, seed=7), (1, 5, 6), vocab, seed=7)
+    row.grammar = support.start(_request(constraint))
+    generated: list[int] = []
+    torch.manual_seed(0)
+    for _ in range(40):
+        logits = torch.randn(1, vocab)
+        errors = support.apply(logits, [row])
+        assert errors == [None]
+        allowed = set(torch.isfinite(logits[0]).nonzero()[:, 0].tolist())
+        assert allowed == _reference_allowed(tokenizer, vocab, constraint, generated)
+        assert all(t < len(tokenizer) for t in allowed)  # padded columns never allowed
+        (tok,) = sample(logits, [row])
+        assert tok.token_id in allowed
+        row.record(tok.token_id)
+        generated.append(tok.token_id)
+        if row.grammar.terminated:
+            break
+    assert row.grammar.terminated and generated[-1] == 2
+    value = json.loads(tokenizer.decode(generated[:-1]))
+    assert set(value) == {"n", "b"} and 0 <= value["n"] <= 99 and isinstance(value["b"], bool)
+
+
+def test_cache_hits_on_equal_specs_and_rows_without_grammar_untouched(tokenizer):
+    vocab = len(tokenizer)
+    support = GrammarSupport(tokenizer, vocab)
+    regex = Constraint(kind=ConstraintKind.REGEX, spec="[ab]{2}x")
+    first = support.start(_request(regex))
+    second = support.start(_request(Constraint(kind=ConstraintKind.REGEX, spec="[ab]{2}x")))
+    assert support.compiles == 1 and support.hits == 1
+    assert second.future is first.future
+    support.start(_request(_schema()))
+    assert support.compiles == 2
+    free = RowSampler(SamplingParams(), (1,), vocab)
+    con = RowSampler(SamplingParams(), (1,), vocab)
+    con.grammar = first
+    logits = torch.randn(2, vocab)
+    before = logits.clone()
+    assert support.apply(logits, [free, con]) == [None, None]
+    assert torch.equal(logits[0], before[0])
+    allowed = torch.isfinite(logits[1]).nonzero()[:, 0].tolist()
+    assert allowed and all(tokenizer.decode([t]) and tokenizer.decode([t])[0] in "ab"
+                           for t in allowed)
+
+
+def test_grammar_end_finishes_with_eos_and_failed_compile_is_an_error(tokenizer):
+    vocab = len(tokenizer)
+    support = GrammarSupport(tokenizer, vocab)
+    req = _request(Constraint(kind=ConstraintKind.REGEX, spec="a"))
+    row = RowSampler(SamplingParams(), (1,), vocab)
+    row.grammar = support.start(req)
+    seq = BaseSequence(request=req, sink=lambda e: None, sampler=row, max_length=100,
+                       ignore_eos=True)  # even with ignore_eos, the grammar's end ends it
+    for _ in range(3):
+        logits = torch.randn(1, vocab)
+        support.apply(logits, [row])
+        (tok,) = sample(logits, [row])
+        seq.tokens.append(tok.token_id)
+        row.record(tok.token_id)
+        reason = finish_reason(seq, tok.token_id)
+        if reason is not None:
+            break
+    assert reason is FinishReason.EOS_TOKEN
+    assert tokenizer.decode(seq.tokens[3:-1]) == "a" and seq.tokens[-1] == 2
+    bad = RowSampler(SamplingParams(), (1,), vocab)
+    bad.grammar = support.start(_request(Constraint(kind=ConstraintKind.REGEX, spec="a(b")))
+    logits = torch.randn(1, vocab)
+    before = logits.clone()
+    (error,) = support.apply(logits, [bad])
+    assert error is not None and "compile" in error
+    assert torch.equal(logits, before)
