@@ -48,9 +48,17 @@ def test_unknown_architecture(tmp_path):
 
 
 def test_architecture_that_is_not_a_causal_lm(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(EngineStartError, match="not a causal language model"):
+        load_causal_lm(tmp_path)
+
+
+def test_an_encoder_decoder_is_named_as_one(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5",
+                                                      "architectures": ["T5ForConditionalGeneration"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(EngineStartError, match="T5ForConditionalGeneration.*encoder-decoder"):
         load_causal_lm(tmp_path)
 
 

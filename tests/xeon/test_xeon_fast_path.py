@@ -358,9 +358,12 @@ def test_engine_options_are_checked(make_engine):
         make_engine({"linears": "fast"})
 
 
-def test_models_whose_attention_the_engine_lacks_are_refused_at_start():
-    """Soft-capped (Gemma 2) and sink (gpt-oss) attention fail start-up, not every request."""
+def test_models_whose_attention_the_paged_kernels_lack_are_sent_to_the_fallback():
+    """Soft-capped (Gemma 2) and sink (gpt-oss) attention: the paged runner's precondition
+    refuses them, and the engine's path choice names why they take the fallback instead
+    (served there: tests/xeon/test_xeon_fallback.py)."""
     from switchyard_spec import EngineStartError
+    from switchyard_xeon.model_paths import loaded_model_unsupported
     from switchyard_xeon.runner import check_supported
     from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
 
@@ -369,8 +372,11 @@ def test_models_whose_attention_the_engine_lacks_are_refused_at_start():
     gemma = Gemma2ForCausalLM(Gemma2Config(intermediate_size=48, **small))
     with pytest.raises(EngineStartError, match="soft-caps"):
         check_supported(gemma)
+    assert "soft-caps attention logits" in loaded_model_unsupported(gemma)
     gpt_oss = GptOssForCausalLM(GptOssConfig(intermediate_size=32, num_local_experts=2,
                                              num_experts_per_tok=1, **small))
     with pytest.raises(EngineStartError, match="sinks"):
         check_supported(gpt_oss)
+    assert "attention sinks" in loaded_model_unsupported(gpt_oss)
+    assert loaded_model_unsupported(tiny_llama(torch.float32)) == ""
     check_supported(tiny_llama(torch.float32))  # the families the engine serves pass

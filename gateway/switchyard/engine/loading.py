@@ -133,6 +133,12 @@ def checked_config(path: Path):  # -> transformers.PretrainedConfig
             f"unknown model architecture {model_type!r} in {config_file}: {exc}"
         ) from exc
     if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
+        if getattr(config, "is_encoder_decoder", False):
+            architectures = ", ".join(getattr(config, "architectures", None) or ()) or model_type
+            raise EngineStartError(
+                f"model type {model_type!r} ({architectures}) is an encoder-decoder model; "
+                "the engines serve decoder-only causal language models (transformers' "
+                "*ForCausalLM architectures)")
         raise EngineStartError(
             f"model type {model_type!r} is not a causal language model known to transformers"
         )

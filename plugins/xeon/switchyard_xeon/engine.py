@@ -64,11 +64,18 @@ from switchyard_xeon.decoder import (
     decoder_unsupported,
 )
 from switchyard_xeon.events import emit, record_results
+from switchyard_xeon.fallback import FallbackRunner
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.linears import pack_linears
+from switchyard_xeon.model_paths import (
+    ForwardPath,
+    choose_path,
+    loaded_model_unsupported,
+    use_default_attention,
+)
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
 from switchyard_xeon.sequence import Sequence
@@ -223,6 +230,11 @@ class XeonEngine(Engine):
             logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel%s and a bf16 KV "
                         "cache, fp32 activations",
                         f" over quantized weights (--quantize {method.name})" if method else "")
+        # Paged attention or the fallback, decided before loading: a model class that does not
+        # know the engine's attention name fails inside transformers when given it.
+        path = choose_path(self.config.model_path, forced_fallback=_option(
+            self.config.options, "forward", FORWARDS) == "fallback")
+        attn_name = attention.register() if path.paged else None
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         if method is not None and method.load is not None:
             # A checkpoint method: its layers come quantized from the folder, the rest float.
@@ -230,19 +242,27 @@ class XeonEngine(Engine):
 
             loaded, checkpoint = load_quantized_causal_lm(
                 self.config.model_path, method, self.config.options,
-                dtype=str(dtype).removeprefix("torch."), attn_implementation=attention.register())
+                dtype=str(dtype).removeprefix("torch."), attn_implementation=attn_name)
             logger.info("--quantize %s: %s", method.name, checkpoint.source)
         else:
             loaded = load_causal_lm(
                 self.config.model_path,
                 dtype=str(dtype).removeprefix("torch."),
-                attn_implementation=attention.register(),
+                attn_implementation=attn_name,
             )
         if bf16_dot:  # what the user asked for, and what the matmuls compute in
             loaded = dataclasses.replace(
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
-        check_supported(loaded.model)
+        if path.paged and (why := loaded_model_unsupported(loaded.model)):
+            path = ForwardPath(False, why)  # what only the modules show (attention sinks)
+            use_default_attention(loaded.model)
+        if path.paged:
+            check_supported(loaded.model)
+        else:
+            cache_dtype = dtype  # the model's own cache holds what its attention computes
+        logger.info("path: %s; attention %s", path.describe(),
+                    "switchyard_xeon" if path.paged else loaded.model.config._attn_implementation)
         statistics = None
         if method is not None and method.calibration is not None and w8a8:
             from switchyard.engine.calibration import calibrate
@@ -250,17 +270,22 @@ class XeonEngine(Engine):
             statistics, line = calibrate(loaded.model, self.config.model_path,
                                          method.calibration, self.config.options, method.name)
             logger.info("--quantize %s: %s", method.name, line)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method, statistics)
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method, statistics,
+                                          fallback=not path.paged)
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(cache_dtype),
             machine.available_memory_bytes(), threads,
         )
-        cache = PagedKVCache(shape, cache_dtype, plan.num_blocks, plan.block_size)
+        if not path.paged:  # the blocks only count the per-sequence caches' tokens
+            plan = dataclasses.replace(plan, prefix_caching=False)
+        cache = (PagedKVCache(shape, cache_dtype, plan.num_blocks, plan.block_size)
+                 if path.paged else None)
         blocks = BlockManager(plan.num_blocks, plan.block_size, plan.prefix_caching)
         logger.info(
             "kv cache: %d blocks x %d tokens = %d tokens, %.1f MiB of %s (%s); prefix caching %s",
-            plan.num_blocks, plan.block_size, plan.capacity_tokens, cache.nbytes / 2**20,
+            plan.num_blocks, plan.block_size, plan.capacity_tokens,
+            plan.capacity_tokens * shape.bytes_per_token(cache_dtype) / 2**20,
             str(cache_dtype).removeprefix("torch."), plan.source,
             "on" if plan.prefix_caching else "off",
         )
@@ -276,9 +301,12 @@ class XeonEngine(Engine):
         prefill = load_kernels().prefill if (
             kernel is not None and dtype == torch.float32
             and shape.head_dim in attention.PREFILL_HEAD_DIMS) else None
-        logger.info("prefill attention: %s", "native paged kernel (C++)" if prefill is not None
-                    else "SDPA per sequence")
-        self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
+        if cache is None:
+            self._runner = FallbackRunner(loaded.model, blocks)
+        else:
+            logger.info("prefill attention: %s", "native paged kernel (C++)"
+                        if prefill is not None else "SDPA per sequence")
+            self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark)
@@ -292,7 +320,7 @@ class XeonEngine(Engine):
     def _fast_path(self, model: torch.nn.Module, cpu_flags: frozenset[str],
                    bf16_dot: bool = False, quantization: QuantizationMethod | None = None,
                    statistics: dict[str, ActivationStatistics] | None = None,
-                   ) -> tuple[PackedForward, PagedDecodeFn | None]:
+                   fallback: bool = False) -> tuple[PackedForward, PagedDecodeFn | None]:
         """Choose the forward pass, pack the linears and load the kernels, as the options allow.
 
         Options: ``linears`` (``packed``, the default: bf16 on the native
@@ -312,13 +340,16 @@ class XeonEngine(Engine):
         the Llama family, its decode steps in one native call where its pieces
         are native, transformers' forward for other architectures;
         ``decoder``: the same with the layer loop always in Python;
-        ``transformers``: always transformers' forward). Logs each choice; returns the
-        forward pass and the decode kernel (None for the portable path).
+        ``transformers``: always transformers' forward; ``fallback``: the fallback
+        path, :mod:`switchyard_xeon.fallback`, for any model). Logs each choice; returns
+        the forward pass and the decode kernel (None for the portable path). With
+        ``fallback`` (the model takes the fallback path) it only packs the linears
+        and returns (None, None).
         """
         options = self.config.options
         linears = _option(options, "linears", LINEARS)
         mode = _option(options, "attention", ("auto", "sdpa"))
-        forward_mode = _option(options, "forward", ("auto", "decoder", "transformers"))
+        forward_mode = _option(options, "forward", FORWARDS)
         storage = _option(options, "panel_storage", ("auto", "float32"))
         status = load_kernels()
         # The fp32 panel kernel is AVX2/FMA code: on Intel's AVX-512 cores oneDNN
@@ -333,6 +364,8 @@ class XeonEngine(Engine):
                               quantization=quantization, statistics=statistics,
                               options=dict(options))
         logger.info("linears: %s", report.describe())
+        if fallback:  # the model's own forward and attention: nothing more to choose
+            return None, None  # type: ignore[return-value]
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
         else:
@@ -588,6 +621,9 @@ class XeonEngine(Engine):
 
 LINEARS = ("packed", "panel", "onednn", "stock")
 """Values of the ``linears`` engine option; the first is the default."""
+
+FORWARDS = ("auto", "decoder", "transformers", "fallback")
+"""Values of the ``forward`` engine option; ``fallback`` runs any model on the fallback path."""
 
 
 def _option(options: dict[str, str], name: str, choices: tuple[str, ...]) -> str:

@@ -1,0 +1,279 @@
+"""Every decoder-only family transformers runs: the paged path where it can go, the fallback
+elsewhere, and a clear start-up error for what is not a causal LM.
+
+Each family is a tiny random model (2 layers, hidden 64, fixed seed) saved as
+a model folder. Its engine serves three prompts of different lengths
+submitted together, so they share steps and the longer ones are prefilled in
+16-token chunks; greedy tokens must equal transformers ``generate`` on the
+same model. The fallback runner (``switchyard_xeon.fallback``) is also
+checked for prompt log-probs against a transformers forward pass, abort in
+the middle of a generation, and preemption (its per-sequence cache rebuilt).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from switchyard_spec import (
+    EngineConfig,
+    EngineRequest,
+    EngineStartError,
+    FinishReason,
+    SamplingParams,
+    StoppingParams,
+)
+from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.fallback import FallbackRunner
+from switchyard_xeon.runner import ModelRunner
+
+from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.xeon.test_xeon_decoder import _engine_tokens, _generate, _started
+
+IDS = dict(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2)
+"""Larger weights than the default 0.02, so attention is far from uniform and a position or
+cache error changes the tokens."""
+LAYERS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=128)
+
+
+def _build(name: str) -> torch.nn.Module:
+    import transformers as T
+
+    if name == "bloom":
+        return T.BloomForCausalLM(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, **IDS))
+    if name == "mpt":
+        return T.MptForCausalLM(T.MptConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=128,
+                                            expansion_ratio=2, **IDS))
+    if name == "stablelm":
+        return T.StableLmForCausalLM(T.StableLmConfig(intermediate_size=128,
+                                                      num_key_value_heads=2, **LAYERS, **IDS))
+    if name == "gemma2":  # soft-capped logits, and a window shorter than the long prompts
+        return T.Gemma2ForCausalLM(T.Gemma2Config(intermediate_size=128, num_key_value_heads=2,
+                                                  head_dim=16, sliding_window=8, **LAYERS, **IDS))
+    if name == "falcon":
+        return T.FalconForCausalLM(T.FalconConfig(**LAYERS, **IDS))
+    if name == "gpt_neox":
+        return T.GPTNeoXForCausalLM(T.GPTNeoXConfig(intermediate_size=128, **LAYERS, **IDS))
+    if name == "gptj":
+        return T.GPTJForCausalLM(T.GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                              n_positions=128, **IDS))
+    if name == "opt":
+        return T.OPTForCausalLM(T.OPTConfig(ffn_dim=128, word_embed_proj_dim=64, **LAYERS, **IDS))
+    if name == "gpt_bigcode":
+        return T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4,
+                                                          n_positions=128, **IDS))
+    raise KeyError(name)
+
+
+PATHS = {
+    "bloom": "fallback", "mpt": "fallback", "stablelm": "fallback", "gemma2": "fallback",
+    "falcon": "fallback", "gpt_neox": "paged", "gptj": "paged", "opt": "paged",
+    "gpt_bigcode": "paged",
+}
+"""The path each family takes with transformers 5 (which classes use its attention interface)."""
+
+WHY = {
+    "bloom": "ALiBi position biases", "mpt": "ALiBi position biases",
+    "stablelm": "does not use transformers' attention interface",
+    "falcon": "does not use transformers' attention interface",
+    "gemma2": "soft-caps attention logits",
+}
+
+PROMPTS = [[(7 * i + s) % 500 + 3 for i in range(n)] for n, s in ((21, 1), (6, 2), (33, 3))]
+NEW = 8
+
+
+class _Records(logging.Handler):
+    """Collects the engine's log lines while a module-scoped fixture starts it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _saved(name: str, folder: Path) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = _build(name).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def family(request, tmp_path_factory) -> Iterator[tuple[str, torch.nn.Module, XeonEngine,
+                                                        list[str]]]:
+    """One family's reference model, its started engine and the engine's start-up log."""
+    name = request.param
+    folder = tmp_path_factory.mktemp(name)
+    model = _saved(name, folder)
+    records = _Records()
+    log = logging.getLogger("switchyard.xeon")
+    level = log.level
+    log.addHandler(records)
+    log.setLevel(logging.INFO)
+    try:
+        engine = _started(folder)
+    finally:
+        log.removeHandler(records)
+        log.setLevel(level)
+    yield name, model, engine, records.lines
+    engine.shutdown()
+
+
+def test_greedy_tokens_equal_generate(family):
+    """Three prompts submitted together (shared steps, chunked prefill): ``generate``'s tokens."""
+    _, model, engine, _ = family
+    assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+
+
+def test_start_up_logs_the_path_and_why(family):
+    name, _, engine, lines = family
+    (line,) = [line for line in lines if line.startswith("path: ")]
+    if PATHS[name] == "fallback":
+        assert line.startswith("path: fallback: the model's own attention")
+        assert WHY[name] in line and type(engine._runner) is FallbackRunner
+        assert any("prefix caching off" in line for line in lines)
+    else:
+        assert line.startswith("path: paged attention") and type(engine._runner) is ModelRunner
+
+
+@pytest.fixture(scope="module")
+def bloom(tmp_path_factory) -> Iterator[tuple[torch.nn.Module, Callable[..., XeonEngine]]]:
+    """A Bloom reference model and a factory of engines on it (all shut down after)."""
+    folder = tmp_path_factory.mktemp("bloom_fb")
+    model = _saved("bloom", folder)
+    engines: list[XeonEngine] = []
+
+    def start(**config: object) -> XeonEngine:
+        engine = XeonEngine(EngineConfig(
+            model_path=str(folder), dtype="float32", max_batch_prefill_tokens=16,
+            options={**TEST_OPTIONS, "block_size": "4"}, **config))  # type: ignore[arg-type]
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield model, start
+    for engine in engines:
+        engine.shutdown()
+
+
+def test_prompt_logprobs_and_top_tokens_match_a_forward_pass(bloom):
+    """Scored across two prefill chunks, beside a plain request, on the fallback path."""
+    model, start = bloom
+    engine = start()
+    prompt, top_n = PROMPTS[2], 3
+    sink = Collector()
+    engine.submit(EngineRequest(
+        request_id="scored", prompt_token_ids=tuple(prompt), prompt_logprobs=True,
+        sampling=SamplingParams(top_n_tokens=top_n),
+        stopping=StoppingParams(max_new_tokens=3, ignore_eos=True)), sink)
+    engine.submit(greedy_request("plain", PROMPTS[0], 3), sink)
+    first = sink.wait("scored")[0]
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)
+    want = logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert len(first.prompt_logprobs) == len(prompt) - 1
+    torch.testing.assert_close(torch.tensor(first.prompt_logprobs), want, atol=1e-4, rtol=0)
+    values, ids = logprobs[:-1].topk(top_n, dim=-1)
+    assert [[t.id for t in row] for row in first.prompt_top_tokens] == ids.tolist()
+    torch.testing.assert_close(torch.tensor([[t.logprob for t in row]
+                                             for row in first.prompt_top_tokens]),
+                               values, atol=1e-4, rtol=0)
+    # The first generated token: greedy, with its log-prob under the last prompt position.
+    assert first.token_id == int(logits[-1].argmax())
+    assert first.logprob == pytest.approx(float(logprobs[-1].max()), abs=1e-4)
+    assert token_ids(sink.wait("plain")) == _generate(model, [PROMPTS[0]], 3)[0]
+
+
+def test_abort_mid_generation_frees_the_sequence(bloom):
+    """Aborted after its third token: it ends ABORTED, its batch mate goes on unchanged, and
+    its cache and blocks are let go."""
+    model, start = bloom
+    engine = start()
+    sink = Collector()
+
+    def abort_at_third(event):  # on the loop thread: the abort lands at the next step boundary
+        sink(event)
+        if len(sink.events("long")) == 3:
+            engine.abort("long")
+
+    engine.submit(greedy_request("long", PROMPTS[1], 100), abort_at_third)
+    engine.submit(greedy_request("mate", PROMPTS[0], 12), sink)
+    long_events = sink.wait("long")
+    assert long_events[-1].finish_reason is FinishReason.ABORTED
+    assert token_ids(long_events) == _generate(model, [PROMPTS[1]], 3)[0]
+    assert token_ids(sink.wait("mate")) == _generate(model, [PROMPTS[0]], 12)[0]
+    runner = engine._runner
+    deadline = time.monotonic() + 10
+    while runner.live_caches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.live_caches == 0
+    blocks = engine._scheduler.blocks
+    assert blocks.num_free_blocks == blocks.num_blocks
+
+
+def test_preempted_sequences_rebuild_their_cache(bloom):
+    """A cache too small for all three: the newest are preempted and re-prefilled, and every
+    sequence still gets ``generate``'s tokens."""
+    model, start = bloom
+    engine = start(max_batch_total_tokens=48, max_total_tokens=48)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][:14]]
+    assert _engine_tokens(engine, prompts, 12) == _generate(model, prompts, 12)
+    assert engine.cache_stats().preemptions > 0
+
+
+def test_forward_fallback_serves_a_paged_family(tmp_path):
+    """``forward=fallback`` puts any model on the fallback; Llama's tokens are unchanged."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(intermediate_size=96, num_key_value_heads=2,
+                                             **LAYERS, **IDS)).eval()
+    model.save_pretrained(tmp_path)
+    engine = _started(tmp_path, forward="fallback")
+    try:
+        assert type(engine._runner) is FallbackRunner
+        assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+    finally:
+        engine.shutdown()
+
+
+def test_an_encoder_decoder_model_is_refused_by_name(tmp_path):
+    import transformers as T
+
+    T.T5ForConditionalGeneration(T.T5Config(vocab_size=512, d_model=64, d_ff=128, d_kv=16,
+                                            num_layers=2, num_heads=4)).save_pretrained(tmp_path)
+    engine = XeonEngine(EngineConfig(model_path=str(tmp_path), dtype="float32",
+                                     options=TEST_OPTIONS))
+    with pytest.raises(EngineStartError, match=r"'t5' \(T5ForConditionalGeneration\) is an "
+                                               r"encoder-decoder model; .*decoder-only"):
+        engine.start()
+
+
+def test_a_model_with_attention_sinks_goes_back_to_its_own_attention(tmp_path):
+    """gpt-oss loads with the paged attention (its class takes the interface), shows its sinks
+    once loaded, and is switched to its default attention on the fallback, same tokens."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    model = T.GptOssForCausalLM(T.GptOssConfig(
+        intermediate_size=32, num_local_experts=2, num_experts_per_tok=1, num_key_value_heads=2,
+        head_dim=16, **LAYERS, **IDS)).eval()
+    model.save_pretrained(tmp_path)
+    engine = _started(tmp_path)
+    try:
+        assert type(engine._runner) is FallbackRunner
+        assert engine._runner.model.config._attn_implementation == "eager"
+        prompts = PROMPTS[:2]
+        assert _engine_tokens(engine, prompts, 6) == _generate(model, prompts, 6)
+    finally:
+        engine.shutdown()
