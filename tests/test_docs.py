@@ -169,8 +169,8 @@ def test_every_serve_flag_is_documented() -> None:
             if flag.startswith("--"):
                 assert f"`{flag}" in page, f"{flag} is not in docs/configuration.md"
         envvar = getattr(param, "envvar", None)
-        if envvar:
-            assert f"`{envvar}`" in page, f"{envvar} is not in docs/configuration.md"
+        for name in [envvar] if isinstance(envvar, str) else envvar or ():
+            assert f"`{name}`" in page, f"{name} is not in docs/configuration.md"
 
 
 def test_every_hook_and_contract_type_is_in_the_plugin_guide() -> None:

@@ -17,6 +17,7 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 
+from switchyard.drain import in_flight_counter
 from switchyard.models.config import ConfigError, ModelEntry, RemoteEntry, entries_from_settings
 from switchyard.models.loader import load_model
 from switchyard.models.remote import RemoteModel
@@ -77,7 +78,8 @@ def create_app(
         route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router, openapi_json],
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False),
                       "telemetry": Provide(lambda: telemetry, sync_to_thread=False)},
-        middleware=telemetry.middleware(),
+        # The in-flight count a SIGTERM drain waits on (`switchyard.drain`), then telemetry.
+        middleware=[in_flight_counter(gateway), *telemetry.middleware()],
         # Unknown paths and wrong methods: in the format of the API the path belongs to.
         exception_handlers=routing_exception_handlers(),
         lifespan=[lifespan],

@@ -86,7 +86,8 @@ def main() -> None:
               type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--quantize", envvar="QUANTIZE", default=None,
               help="A quantization method (see `switchyard plugins`), e.g. int8 or int4.")
-@click.option("--max-input-tokens", "--max-input-length", envvar="MAX_INPUT_TOKENS", type=int,
+@click.option("--max-input-tokens", "--max-input-length",
+              envvar=["MAX_INPUT_TOKENS", "MAX_INPUT_LENGTH"], type=int,
               default=0, help="Default: max-total-tokens - 1.")
 @click.option("--max-total-tokens", envvar="MAX_TOTAL_TOKENS", type=int, default=0,
               help="Default: min(max_position_embeddings, 4096).")
@@ -126,6 +127,10 @@ def main() -> None:
               help="Export traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318.")
 @click.option("--otlp-service-name", envvar="OTLP_SERVICE_NAME", default="switchyard",
               show_default=True, help="service.name of the exported traces.")
+@click.option("--drain-timeout", envvar="SWITCHYARD_DRAIN_TIMEOUT", type=click.FloatRange(min=0),
+              default=30.0, show_default=True,
+              help="On SIGTERM: readiness fails at once and requests in flight get this many "
+                   "seconds to finish before the server exits; 0: exit at once.")
 @click.option("--disable-telemetry", envvar="SWITCHYARD_DISABLE_TELEMETRY", is_flag=True,
               hidden=True, help="Record no request metrics, traces or request logs "
                                 "(to measure what they cost).")
@@ -137,8 +142,7 @@ def serve(**options: object) -> None:
     # First, so that everything after, imports included, logs in one format.
     configure_logging(settings.log_level, settings.json_output)
 
-    import uvicorn
-
+    from switchyard import drain
     from switchyard.app import create_app
 
     def stop_on_failure() -> None:
@@ -146,9 +150,9 @@ def serve(**options: object) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     app = create_app(settings, on_startup_failure=stop_on_failure)
-    # log_config=None: uvicorn's loggers go through the configuration above.
-    uvicorn.run(app, host=settings.hostname, port=settings.port, log_level=settings.log_level,
-                access_log=settings.log_level == "debug", log_config=None)
+    # uvicorn, with SIGTERM draining the requests in flight first (`switchyard.drain`).
+    drain.run(app, app.state["gateway"], host=settings.hostname, port=settings.port,
+              log_level=settings.log_level, drain_timeout=settings.drain_timeout)
 
 
 @main.command()

@@ -61,6 +61,8 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """`service.name` of the exported traces."""
     disable_telemetry: bool = False
     """Record no request or step telemetry (only to measure what telemetry costs)."""
+    drain_timeout: float = 30.0
+    """Seconds a SIGTERM waits for requests in flight before the server exits; 0: no drain."""
 
 
 class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):

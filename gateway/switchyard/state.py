@@ -27,6 +27,11 @@ class Gateway:
     startup_error: str | None = None
     upstream_client: httpx.AsyncClient | None = None
     """The one pooled client of every remote model (made when the first one is added)."""
+    draining: bool = False
+    """Set on SIGTERM: readiness fails and new generation requests get 503 while the
+    requests in flight finish (`switchyard.drain`)."""
+    in_flight: int = 0
+    """HTTP requests in progress, probes and scrapes excepted (`switchyard.drain`)."""
 
     @property
     def system_fingerprint(self) -> str:
@@ -39,6 +44,8 @@ class Gateway:
         ``name`` is an OpenAI request's `model`, or the `X-Model` header of a
         TGI route (``api="tgi"``: an unknown name is then TGI's 422).
         """
+        if self.draining:
+            raise ApiError(503, "The server is shutting down", "unhealthy")
         if not self.ready:
             detail = self.startup_error or "the model is still loading"
             raise ApiError(503, f"Model is not ready: {detail}", "unhealthy")

@@ -282,6 +282,13 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     max_batch_total_tokens: int = 0
     steps: int = 0
     """Forward passes run since start."""
+    kv_block_size: int = 0
+    """Tokens per KV-cache block (a paged cache's page; a static cache's whole row); 0: unknown."""
+    kv_blocks_total: int = 0
+    """Blocks the KV cache has; 0: the engine does not report its cache in blocks."""
+    kv_blocks_used: int = 0
+    """Blocks held by live sequences (a block two sequences share counts once). The KV-cache
+    utilisation that cluster routers read is ``kv_blocks_used / kv_blocks_total``."""
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):

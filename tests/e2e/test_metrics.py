@@ -220,6 +220,7 @@ TYPES = {
     "tgi_batch_current_max_tokens": "gauge", "tgi_batch_max_total_tokens": "gauge",
     "switchyard_kv_cache_usage_ratio": "gauge", "switchyard_kv_cache_used_tokens": "gauge",
     "switchyard_kv_cache_capacity_tokens": "gauge", "switchyard_warmup_duration_seconds": "gauge",
+    "switchyard_cache_config_info": "gauge",
 }
 
 

@@ -94,6 +94,8 @@ def test_a_mixed_workload_compiles_nothing_after_warmup(warm_engine, reference_l
     stats = engine.stats()
     assert (stats.running, stats.waiting) == (0, 0)
     assert stats.max_batch_total_tokens == 8 * MAX_TOTAL
+    # The static cache in blocks: one row of MAX_TOTAL per batch slot, none held when idle.
+    assert (stats.kv_block_size, stats.kv_blocks_total, stats.kv_blocks_used) == (MAX_TOTAL, 8, 0)
 
 
 def test_logprobs_and_top_tokens_are_transformers(warm_engine, reference_llama):

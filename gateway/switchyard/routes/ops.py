@@ -28,13 +28,16 @@ class Degraded(msgspec.Struct, frozen=True, kw_only=True):
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"],
      **openapi.HEALTH)
 async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | Degraded | bytes]:
-    """200 once every model is loaded and warmed up and can generate; 503 otherwise.
+    """200 once every model is loaded and warmed up and can generate; 503 otherwise, and
+    from the SIGTERM that starts a drain until the process exits.
 
     A model whose last generation failed is probed with a real 1-token
     generation, and the answer follows the probe (TGI's health check). Models
     of a config file that failed to load are listed in a 200's body: the
     others serve, so the server stays ready.
     """
+    if gw.draining:
+        return Response(_UNHEALTHY, status_code=503)
     ok = gw.ready
     for model in gw.registry.models():
         ok = await model.check_health() and ok

@@ -28,6 +28,11 @@ Sources:
 - gauges (queue, batch, KV cache) from `Engine.stats()` when scraped, so they
   are current even when the engine is idle; `tgi_batch_max_total_tokens` and
   `switchyard_warmup_duration_seconds` from the warmup report.
+
+Cluster routers (the Gateway API Inference Extension's endpoint picker) read
+three of the gauges and one info gauge, the model-server protocol's
+TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization and cache
+config (see `PICKER_METRICS` and docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -42,11 +47,31 @@ from prometheus_client.registry import Collector
 
 from switchyard.telemetry.exposition import render
 from switchyard.telemetry.request import RequestRecord, Timings
-from switchyard_spec import Engine, EngineSpec, StepObserver, StepReport, WarmupReport
+from switchyard_spec import (
+    Engine,
+    EngineSpec,
+    EngineStats,
+    StepObserver,
+    StepReport,
+    WarmupReport,
+)
 
 log = logging.getLogger("switchyard.telemetry")
 
 LABELS = ("model", "engine")
+
+CACHE_INFO = "switchyard_cache_config_info"
+"""The info gauge (value 1) whose `block_size` and `num_gpu_blocks` labels describe the KV
+cache; the endpoint picker reads these two label names (vLLM's `vllm:cache_config_info`)."""
+
+PICKER_METRICS = {
+    "queuedRequestsSpec": "tgi_queue_size",
+    "runningRequestsSpec": "tgi_batch_current_size",
+    "kvUsageSpec": "switchyard_kv_cache_usage_ratio",
+    "cacheInfoSpec": CACHE_INFO,
+}
+"""What to give the Inference Extension's endpoint picker (its `engineConfigs` keys) to read
+this server: queued and running sequences, KV-cache utilisation (0..1), the cache config."""
 
 
 def _duration_buckets() -> tuple[float, ...]:
@@ -228,8 +253,11 @@ class _EngineGauges(Collector):
         total = family("tgi_batch_max_total_tokens", "KV-cache capacity in tokens (after warmup)")
         used = family("switchyard_kv_cache_used_tokens", "KV-cache tokens in use")
         capacity = family("switchyard_kv_cache_capacity_tokens", "KV-cache capacity in tokens")
-        ratio = family("switchyard_kv_cache_usage_ratio", "Fraction of the KV cache in use")
+        ratio = family("switchyard_kv_cache_usage_ratio",
+                       "Fraction of the KV cache in use: used/total blocks")
         warmup = family("switchyard_warmup_duration_seconds", "Warmup time of the engine (s)")
+        info = GaugeMetricFamily(CACHE_INFO, "KV-cache configuration (labels); value 1",
+                                 labels=(*LABELS, "block_size", "num_gpu_blocks"))
         for model in self._models():
             labels = [model.name, model.engine_spec.name]
             try:
@@ -244,8 +272,18 @@ class _EngineGauges(Collector):
             tokens.add_metric(labels, stats.batch_tokens)
             used.add_metric(labels, stats.batch_tokens)
             capacity.add_metric(labels, cap)
-            ratio.add_metric(labels, stats.batch_tokens / cap if cap else 0.0)
+            ratio.add_metric(labels, _usage(stats, cap))
+            if stats.kv_blocks_total:
+                info.add_metric([*labels, str(stats.kv_block_size), str(stats.kv_blocks_total)], 1)
             if report is not None:
                 total.add_metric(labels, report.max_batch_total_tokens)
                 warmup.add_metric(labels, report.seconds)
-        yield from (queue, size, tokens, total, used, capacity, ratio, warmup)
+        yield from (queue, size, tokens, total, used, capacity, ratio, warmup, info)
+
+
+def _usage(stats: EngineStats, capacity_tokens: int) -> float:
+    """KV-cache utilisation, 0..1: used/total blocks; tokens for an engine that reports no
+    blocks."""
+    if stats.kv_blocks_total:
+        return stats.kv_blocks_used / stats.kv_blocks_total
+    return stats.batch_tokens / capacity_tokens if capacity_tokens else 0.0

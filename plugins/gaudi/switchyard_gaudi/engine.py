@@ -447,7 +447,10 @@ class GaudiEngine(Engine):
             running=len(self.running), waiting=len(self._scheduler.queue),
             batch_tokens=sum(len(s.tokens) for s in self.running),
             max_batch_total_tokens=limits.max_batch_size * limits.max_total_tokens,
-            steps=self._steps)
+            steps=self._steps,
+            # The static cache in blocks: a row of max_total_tokens per sequence slot.
+            kv_block_size=limits.max_total_tokens, kv_blocks_total=limits.max_batch_size,
+            kv_blocks_used=len(self.running))
 
     def _close(self) -> None:
         """Refuse new work and end every live or queued sequence with ``ABORTED``."""

@@ -49,6 +49,8 @@ def engine_stats(sched: Scheduler, steps: int) -> EngineStats:
         running=len(sched.running), waiting=len(sched.waiting),
         batch_tokens=blocks.num_used_blocks * blocks.block_size,
         max_batch_total_tokens=blocks.num_blocks * blocks.block_size, steps=steps,
+        kv_block_size=blocks.block_size, kv_blocks_total=blocks.num_blocks,
+        kv_blocks_used=blocks.num_used_blocks,
     )
 
 
