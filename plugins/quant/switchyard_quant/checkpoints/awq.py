@@ -30,6 +30,7 @@ from switchyard_quant.checkpoints.folder import (
     bits_of,
     expect_shape,
     quantization_config,
+    read_qweight_layers,
     to_record,
     unpack_nibbles,
 )
@@ -61,24 +62,9 @@ def load_awq(folder: str, options: Mapping[str, str] | None = None) -> Quantized
                               "(AutoAWQ's default layout) is")
     if not config.get("zero_point", True):
         raise CheckpointError(f"{where}: zero_point false (symmetric AWQ) is not read")
-    tensors = FolderTensors(folder)
-    prefixes = sorted(n.removesuffix(".qweight") for n in tensors.names() if n.endswith(".qweight"))
-    if not prefixes:
-        raise CheckpointError(f"{folder}: config.json says AWQ but no tensor is named *.qweight")
-    weights: dict[str, QuantizedWeight] = {}
-    biases: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    for prefix in prefixes:
-        weights[prefix] = read_linear(tensors, prefix, group_size)
-        used |= {f"{prefix}.{s}" for s in ("qweight", "qzeros", "scales")}
-        if f"{prefix}.bias" in tensors:
-            biases[prefix] = tensors.get(f"{prefix}.bias").float()
-            used.add(f"{prefix}.bias")
-    files = sorted({tensors.file_of(f"{p}.qweight") for p in prefixes})
-    return QuantizedCheckpoint(
-        weights=weights, biases=biases, tensors=frozenset(used),
-        source=f"AWQ ({len(weights)} linears, 4 bits, group {group_size}, GEMM) from "
-               f"{', '.join(files)}")
+    return read_qweight_layers(
+        folder, "AWQ", lambda tensors, prefix: read_linear(tensors, prefix, group_size),
+        ("qweight", "qzeros", "scales"), f"4 bits, group {group_size}, GEMM")
 
 
 def read_linear(tensors: FolderTensors, prefix: str, group_size: int) -> QuantizedWeight:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from switchyard_spec import UINT4_GROUP_SIZES, QuantizedWeight, uint4_group_asym
+from switchyard_spec import (
+    UINT4_GROUP_SIZES,
+    QuantizedCheckpoint,
+    QuantizedWeight,
+    uint4_group_asym,
+)
 
 from switchyard_quant.int4 import UINT4_MAX, pack_uint4_along_k
 
@@ -135,3 +140,31 @@ def bits_of(config: dict, where: str, *keys: str) -> int:
         raise CheckpointError(f"{where}: quantization_config {key}={bits!r}; only 4-bit "
                               "checkpoints map to the uint4 formats the engines run")
     return 4
+
+
+def read_qweight_layers(folder: str | Path, method: str,
+                        read: Callable[[FolderTensors, str], QuantizedWeight],
+                        suffixes: tuple[str, ...], describe: str) -> QuantizedCheckpoint:
+    """Every layer with a ``<prefix>.qweight`` (GPTQ's and AWQ's naming), read by ``read``.
+
+    ``suffixes`` are the tensors ``read`` consumes per layer (a ``bias`` is taken
+    here, as float); ``describe`` goes into ``QuantizedCheckpoint.source``.
+    """
+    tensors = FolderTensors(folder)
+    prefixes = sorted(n.removesuffix(".qweight") for n in tensors.names() if n.endswith(".qweight"))
+    if not prefixes:
+        raise CheckpointError(f"{folder}: config.json says {method} but no tensor is named "
+                              "*.qweight")
+    weights: dict[str, QuantizedWeight] = {}
+    biases: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    for prefix in prefixes:
+        weights[prefix] = read(tensors, prefix)
+        used |= {f"{prefix}.{s}" for s in suffixes if f"{prefix}.{s}" in tensors}
+        if f"{prefix}.bias" in tensors:
+            biases[prefix] = tensors.get(f"{prefix}.bias").float()
+            used.add(f"{prefix}.bias")
+    files = sorted({tensors.file_of(f"{p}.qweight") for p in prefixes})
+    return QuantizedCheckpoint(
+        weights=weights, biases=biases, tensors=frozenset(used),
+        source=f"{method} ({len(weights)} linears, {describe}) from {', '.join(files)}")

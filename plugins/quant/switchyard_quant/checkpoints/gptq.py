@@ -35,6 +35,7 @@ from switchyard_quant.checkpoints.folder import (
     bits_of,
     expect_shape,
     quantization_config,
+    read_qweight_layers,
     to_record,
     unpack_nibbles,
 )
@@ -57,25 +58,12 @@ def load_gptq(folder: str, options: Mapping[str, str] | None = None) -> Quantize
     if fmt not in FORMATS:
         raise CheckpointError(f"{where}: checkpoint_format {fmt!r} is not read; "
                               f"the readable ones are {', '.join(FORMATS)}")
-    tensors = FolderTensors(folder)
-    prefixes = sorted(n.removesuffix(".qweight") for n in tensors.names() if n.endswith(".qweight"))
-    if not prefixes:
-        raise CheckpointError(f"{folder}: config.json says GPTQ but no tensor is named *.qweight")
-    weights: dict[str, QuantizedWeight] = {}
-    biases: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    for prefix in prefixes:
-        weights[prefix] = read_linear(tensors, prefix, group_size, fmt == "gptq",
-                                      bool(config.get("desc_act", False)))
-        used |= {f"{prefix}.{s}" for s in ("qweight", "qzeros", "scales", "g_idx")}
-        if f"{prefix}.bias" in tensors:
-            biases[prefix] = tensors.get(f"{prefix}.bias").float()
-            used.add(f"{prefix}.bias")
-    files = sorted({tensors.file_of(f"{p}.qweight") for p in prefixes})
-    return QuantizedCheckpoint(
-        weights=weights, biases=biases, tensors=frozenset(used),
-        source=f"GPTQ ({len(weights)} linears, 4 bits, group {group_size}, "
-               f"checkpoint_format {fmt}) from {', '.join(files)}")
+    desc_act = bool(config.get("desc_act", False))
+    return read_qweight_layers(
+        folder, "GPTQ",
+        lambda tensors, prefix: read_linear(tensors, prefix, group_size, fmt == "gptq", desc_act),
+        ("qweight", "qzeros", "scales", "g_idx"),
+        f"4 bits, group {group_size}, checkpoint_format {fmt}")
 
 
 def read_linear(tensors: FolderTensors, prefix: str, group_size: int, v1: bool,
