@@ -213,3 +213,35 @@ def test_overload_is_a_429_and_disconnects_abort_the_sequences(gaudi_server, tok
         assert 1 <= generated < LONG // 2, line
     assert httpx.post(f"{gaudi_server.url}/generate", timeout=60, json={
         "inputs": "hi", "parameters": {"max_new_tokens": 2}}).status_code == 200
+
+
+def test_grammars_constrain_the_gaudi_engine(gaudi_server):
+    """TGI's regex and JSON-schema grammars and OpenAI's json_schema, on the static-shape
+    engine: the random model's output parses only because the grammar held it."""
+    import json
+    import re
+
+    import jsonschema
+    from text_generation.types import Grammar, GrammarType
+
+    # Bounded, so that a random model's answer fits its max_new_tokens.
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                    "maximum": 999},
+                                              "pet": {"enum": ["cat", "dog"]}},
+              "required": ["n", "pet"], "additionalProperties": False}
+    client = Client(gaudi_server.url, timeout=120)
+    regex = r"[a-c]{3}-\d{2,4}"
+    out = client.generate("hello", max_new_tokens=20,
+                          grammar=Grammar(type=GrammarType.Regex, value=regex))
+    assert re.fullmatch(regex, out.generated_text), out.generated_text
+    for seed in (1, 2):
+        out = client.generate("hello", max_new_tokens=40, do_sample=True, temperature=1.5,
+                              seed=seed, grammar=Grammar(type=GrammarType.Json, value=schema))
+        jsonschema.validate(json.loads(out.generated_text), schema)
+        assert out.details.finish_reason.value == "eos_token"
+    chat = openai.OpenAI(base_url=f"{gaudi_server.url}/v1", api_key="-", timeout=120)
+    answer = chat.chat.completions.create(
+        model="tgi", messages=[{"role": "user", "content": "hi"}], max_tokens=40,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "p", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(answer.choices[0].message.content), schema)

@@ -161,7 +161,8 @@ def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None)
     logger.info("gaudi: KV cache %d rows x %d tokens, %.1f MiB", cache.rows, cache.length,
                 cache.nbytes / 2**20)
     runner = StaticRunner(model, cache, p.device, len(p.plan.shapes),
-                          capture_prefill=not p.settings.limit_hpu_graph, group=group)
+                          capture_prefill=not p.settings.limit_hpu_graph, group=group,
+                          model_folder=config.model_path)
     scheduler = Scheduler(grid, Policy(limits.max_batch_size, p.options.max_waiting_tokens,
                                        p.options.waiting_served_ratio),
                           WaitingQueue(p.settings.queue_threshold_ms))

@@ -395,7 +395,10 @@ class GaudiEngine(Engine):
         self._liveness.step_succeeded()
         self._steps += 1
         for seq, token in zip(seqs, sampled, strict=True):
-            if record(seq, token) is not None:
+            if token.error is not None:  # this row could not be served (its grammar failed)
+                self._drop(seq)
+                end(seq, error=token.error)
+            elif record(seq, token) is not None:
                 self._drop(seq)
         self._count_padding(seqs, shape)
         self._report(seqs, shape, time.monotonic() - begin, ok=True)

@@ -50,6 +50,7 @@ def switchyard_engines() -> list[EngineSpec]:
             factory=make_engine,
             probe=probe,
             priority=PRIORITY,
+            constrained_decoding=True,
         )
     ]
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from switchyard.engine.logprobs import prompt_scores
-from switchyard.engine.sampling import SampledToken, sample_step
+from switchyard.engine.grammar import GrammarSupport, apply_grammars
+from switchyard.engine.sampling import RowSampler, SampledToken, sample_step
 from switchyard_spec import TopToken
 
 from switchyard_gaudi.attention import STEP_KWARG, StepInputs
@@ -57,7 +58,11 @@ class StaticRunner:
 
     def __init__(self, model: torch.nn.Module, cache: StaticKVCache, device: Device,
                  shapes: int, capture_prefill: bool = True,
-                 group: ShardGroup | None = None) -> None:
+                 group: ShardGroup | None = None, model_folder: str | None = None) -> None:
+        self.model_folder = model_folder
+        """Where the tokenizer is, for constrained decoding (rank 0 only)."""
+        self.grammar: GrammarSupport | None = None
+        """Built when the first constrained request arrives (the toolkit's masking)."""
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.cache = cache
@@ -109,10 +114,13 @@ class StaticRunner:
             last[i] = seq.prompt_len - 1
         logits, hidden = self.forward_prefill(ids, rows, last)
         carry, scored = self._score_prompts(seqs, hidden)
-        result = sample_step(logits[: len(seqs)], [s.sampler for s in seqs], carry)
+        rows = logits[: len(seqs)]
+        samplers = [s.sampler for s in seqs]
+        errors = self._constrain(seqs, rows, samplers)
+        result = sample_step(rows, samplers, carry)
         if scored:
             _store_prompt_scores(scored, result.carried)
-        return result.tokens
+        return _with_errors(result.tokens, errors)
 
     def decode(self, seqs: Sequence[GaudiSequence], shape: Shape) -> list[SampledToken]:
         """One decode step over cache rows ``0 .. shape.batch - 1``: the next token of ``seqs``."""
@@ -123,7 +131,26 @@ class StaticRunner:
             positions[seq.row] = len(seq.tokens) - 1
         logits = self.forward_decode(ids, positions)
         picked = torch.tensor([seq.row for seq in seqs], device=logits.device)
-        return sample_step(logits.index_select(0, picked), [s.sampler for s in seqs]).tokens
+        rows = logits.index_select(0, picked)
+        samplers = [s.sampler for s in seqs]
+        errors = self._constrain(seqs, rows, samplers)
+        return _with_errors(sample_step(rows, samplers).tokens, errors)
+
+    def _constrain(self, seqs: Sequence[GaudiSequence], logits: torch.Tensor,
+                   samplers: list[RowSampler]) -> list[str | None]:
+        """Mask the constrained rows of ``logits`` in place (before any other logit processing);
+        per row, the error that ends it alone (its grammar failed), else None."""
+        if all(seq.request.constraint is None for seq in seqs):
+            return []
+        for seq in seqs:
+            if seq.request.constraint is None or seq.sampler.grammar is not None:
+                continue
+            if self.grammar is None and self.model_folder is not None:
+                # Sized to the logits' width: padded vocabulary columns are always masked.
+                self.grammar = GrammarSupport(self.model_folder, seq.sampler.vocab_size)
+            if self.grammar is not None:
+                seq.sampler.grammar = self.grammar.start(seq.request)
+        return apply_grammars(self.grammar, logits, samplers)
 
     def warm(self, shape: Shape) -> None:
         """Run ``shape`` once on padding alone (padding rows write only to free rows)."""
@@ -200,6 +227,14 @@ class StaticRunner:
                       torch.cat([c.top_logprobs for c in chunks]).flatten().double()]
             scored.append((seq, n, top_n))
         return (torch.cat(parts) if parts else None), scored
+
+
+def _with_errors(tokens: list[SampledToken], errors: list[str | None]) -> list[SampledToken]:
+    """Rows whose grammar failed become tokens that carry the error (the engine ends them)."""
+    if not any(errors):
+        return tokens
+    return [tok if e is None else SampledToken(-1, 0.0, error=e)
+            for tok, e in zip(tokens, errors, strict=True)]
 
 
 def _store_prompt_scores(scored: list[tuple[GaudiSequence, int, int]],
