@@ -144,20 +144,24 @@ class SwitchyardPeer(ServerPeer):
         return Endpoint(url=f"http://127.0.0.1:{port}", api="tgi")
 
 
-class SwitchyardInt8Peer(SwitchyardPeer):
-    """`switchyard serve --quantize int8`: int8 weights with per-feature scales, bf16 dot products."""
+class SwitchyardQuantPeer(SwitchyardPeer):
+    """`switchyard serve --quantize METHOD`: the quant plugin's method on the xeon engine."""
 
-    name = "switchyard-int8"
-    note = "--quantize int8 (weight-only int8, per-feature scales)"
+    NOTES = {"int8": "weight-only int8, per-feature scales",
+             "int4": "weight-only uint4, groups of 128",
+             "smoothquant": "SmoothQuant W8A8, per-token activations, alpha 0.5"}
 
-    def __init__(self, extra_args: str = "") -> None:
-        super().__init__(f"--quantize int8 {extra_args}")
+    def __init__(self, method: str, extra_args: str = "") -> None:
+        super().__init__(f"--quantize {method} {extra_args}")
+        self.method = method
+        self.name = f"switchyard-{method}"
+        self.note = f"--quantize {method} ({self.NOTES.get(method, method)})"
 
     def unavailable(self) -> str | None:
         from switchyard_xeon.machine import read_cpu_info
 
-        if "avx512_bf16" not in read_cpu_info().flags:
-            return "--quantize int8 runs on AVX512_BF16 kernels, which this CPU lacks"
+        if self.method != "smoothquant" and "avx512_bf16" not in read_cpu_info().flags:
+            return f"--quantize {self.method} runs on AVX512_BF16 kernels, which this CPU lacks"
         return super().unavailable()
 
 

@@ -21,6 +21,10 @@ class RunReport(msgspec.Struct, kw_only=True):
     points: list[Point] = []
 
 
+BYTES_DIVISOR = {"int8": 2, "smoothquant": 2, "int4": 4}
+"""bf16 bytes per weight over a quantized peer's, by the peer name's last part."""
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -57,16 +61,17 @@ def markdown(report: RunReport) -> str:
                 (f"Read bandwidth {bw.read_gbs:.1f} GB/s (sum of a {bw.size_mib} MiB float32 "
                  f"tensor, {bw.threads} threads, best of {bw.repeats}); copy "
                  f"{bw.copy_gbs:.1f} GB/s. Bound = read bandwidth / ({dtype} weights + KV "
-                 "cache read per step at the mean context; int8 peers: one byte per "
-                 "weight). Decode tok/s = 1 / ITL p50."), ""]
+                 "cache read per step at the mean context; int8 and smoothquant peers: "
+                 "one byte per weight, int4 peers half a byte, scales not counted). Decode "
+                 "tok/s = 1 / ITL p50."), ""]
         rows = []
         for shape, bound in report.bounds.items():
             for p in report.points:
                 if p.shape != shape or p.streams != 1 or p.itl_p50_s is None:
                     continue
                 decode = 1 / p.itl_p50_s
-                # An int8 peer reads one byte per weight: its bound is its own.
-                weights = bound.weight_bytes / (2 if p.peer.endswith("int8") else 1)
+                # A quantized peer reads fewer bytes per weight: its bound is its own.
+                weights = bound.weight_bytes / BYTES_DIVISOR.get(p.peer.rsplit("-", 1)[-1], 1)
                 tokens_s = bw.read_gbs * 1e9 / (weights + bound.kv_bytes)
                 rows.append([shape, p.peer, f"{weights / 1e6:.0f}",
                              f"{bound.kv_bytes / 1e6:.1f}", _num(tokens_s),
