@@ -84,6 +84,8 @@ from switchyard_xeon.stats import CacheStats, cache_stats, engine_stats
 logger = logging.getLogger("switchyard.xeon")
 
 _IDLE_WAIT_S = 0.5
+_COMPILE_POLL_S = 0.002
+"""How often an otherwise idle loop checks whether a grammar finished compiling."""
 """How long an idle loop sleeps before re-checking for shutdown."""
 
 
@@ -131,6 +133,9 @@ class XeonEngine(Engine):
         self.config = config
         self.info: ModelInfo | None = None
         self._inbox: queue.SimpleQueue[tuple[str, object, object]] = queue.SimpleQueue()
+        self._compiling: list[Sequence] = []
+        """Constrained sequences whose grammar is still compiling: they join the scheduler
+        when it is ready, so a new schema never stalls the batch (owned by the loop)."""
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -508,6 +513,7 @@ class XeonEngine(Engine):
                     self._take_commands(block=not batch)
                     if self._stop.is_set():
                         break
+                    self._release_compiled()
                     batch = sched.schedule()
                     if batch:
                         self._run_step(batch)
@@ -520,8 +526,10 @@ class XeonEngine(Engine):
 
     def _take_commands(self, block: bool) -> None:
         """Apply queued submits and aborts in the order they were made."""
+        # While grammars compile, an idle loop looks again soon rather than sleeping.
+        wait = _COMPILE_POLL_S if self._compiling else _IDLE_WAIT_S
         try:
-            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=wait) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -537,7 +545,8 @@ class XeonEngine(Engine):
 
     def _admit(self, request: EngineRequest, sink: EventSink, front: bool = False) -> None:
         assert self._scheduler is not None and self._admission is not None
-        if self._scheduler.find(request.request_id) is not None:
+        if self._scheduler.find(request.request_id) is not None or any(
+                s.request_id == request.request_id for s in self._compiling):
             deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                       error="request_id is already live"))
             return
@@ -546,10 +555,34 @@ class XeonEngine(Engine):
             deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                       prompt_tokens=len(request.prompt_token_ids), error=error))
             return
+        if request.constraint is not None and self._runner is not None:
+            self._runner.start_grammar(seq)  # compiles in the worker from now on
+            if not _grammar_settled(seq):
+                self._compiling.append(seq)
+                return
         self._scheduler.add(seq, front=front)
+
+    def _release_compiled(self) -> None:
+        """Hand the scheduler the sequences whose grammar compiled (or failed: their row
+        then ends with the error at its first step)."""
+        if not self._compiling:
+            return
+        assert self._scheduler is not None
+        still = []
+        for seq in self._compiling:
+            if _grammar_settled(seq):
+                self._scheduler.add(seq)
+            else:
+                still.append(seq)
+        self._compiling = still
 
     def _abort(self, request_id: str) -> None:
         assert self._scheduler is not None
+        held = next((s for s in self._compiling if s.request_id == request_id), None)
+        if held is not None:
+            self._compiling.remove(held)
+            emit(held, -1, finish=FinishReason.ABORTED)
+            return
         seq = self._scheduler.find(request_id)
         if seq is not None:
             self._scheduler.finish(seq)
@@ -610,6 +643,9 @@ class XeonEngine(Engine):
         for seq in [*sched.running, *sched.waiting] if sched is not None else []:
             sched.finish(seq)  # type: ignore[union-attr]
             emit(seq, -1, finish=FinishReason.ABORTED)
+        for seq in self._compiling:
+            emit(seq, -1, finish=FinishReason.ABORTED)
+        self._compiling = []
         while not self._inbox.empty():
             kind, request, sink = self._inbox.get_nowait()
             if kind in ("submit", "probe"):
@@ -617,6 +653,12 @@ class XeonEngine(Engine):
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:
             self._publish_stats()
+
+
+def _grammar_settled(seq: Sequence) -> bool:
+    """Whether ``seq``'s grammar has compiled or failed (either way it may be scheduled)."""
+    grammar = seq.sampler.grammar
+    return grammar is None or grammar.ready(0.0) or grammar.error is not None
 
 
 LINEARS = ("packed", "panel", "onednn", "stock")

@@ -213,21 +213,24 @@ class ModelRunner:
         """
         constrained = False
         for seq in seqs:
-            if seq.request.constraint is None:
-                continue
-            constrained = True
-            if seq.sampler.grammar is not None:
-                continue
-            if self.grammar is None:
-                folder = model_folder(self._forward)
-                if folder is None:  # the row fails alone (GrammarState.error), not the step
-                    seq.sampler.grammar = failed_state(
-                        "constrained decoding: the folder the model was loaded from is unknown")
-                    continue
-                # The samplers are sized to the logits' width (padded vocabularies included).
-                self.grammar = GrammarSupport(folder, seq.sampler.vocab_size)
-            seq.sampler.grammar = self.grammar.start(seq.request)
+            if seq.request.constraint is not None:
+                constrained = True
+                self.start_grammar(seq)
         return constrained
+
+    def start_grammar(self, seq: Sequence) -> None:
+        """Start compiling ``seq``'s grammar in the worker, unless it has one already."""
+        if seq.request.constraint is None or seq.sampler.grammar is not None:
+            return
+        if self.grammar is None:
+            folder = model_folder(self._forward)
+            if folder is None:  # the row fails alone (GrammarState.error), not the step
+                seq.sampler.grammar = failed_state(
+                    "constrained decoding: the folder the model was loaded from is unknown")
+                return
+            # The samplers are sized to the logits' width (padded vocabularies included).
+            self.grammar = GrammarSupport(folder, seq.sampler.vocab_size)
+        seq.sampler.grammar = self.grammar.start(seq.request)
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
         """Logits at the packed positions ``keep`` ([len(keep), vocab]).
