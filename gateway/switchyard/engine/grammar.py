@@ -252,6 +252,12 @@ class GrammarSupport:
         return errors
 
 
+def grammar_settled(state: GrammarState | None) -> bool:
+    """Whether a sequence's grammar has compiled or failed (either way it may be scheduled);
+    True for a free-text sequence. Polls: never waits for the compile."""
+    return state is None or state.ready(0.0) or state.error is not None
+
+
 def failed_state(reason: str) -> GrammarState:
     """A sequence's grammar that can never be used: its rows fail with ``reason``."""
     future: Future[Any] = Future()

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from switchyard.engine.grammar import grammar_settled
 from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard_spec import (
@@ -66,6 +67,8 @@ from switchyard_gaudi.warmup_plan import Shape, WarmupPlan
 logger = logging.getLogger("switchyard.gaudi")
 
 _IDLE_WAIT_S = 0.5
+_COMPILE_POLL_S = 0.002
+"""How often an otherwise idle loop checks whether a grammar finished compiling."""
 _OVERDUE = 0.0
 """A probe's queue time: the clock's origin, so QUEUE_THRESHOLD_MS finds it overdue."""
 
@@ -102,6 +105,9 @@ class GaudiEngine(Engine):
         self._failure: str | None = None
         """Why the engine stopped serving (a rank died); None while it serves."""
         self.running: list[GaudiSequence] = []
+        self._compiling: list[GaudiSequence] = []
+        """Constrained sequences whose grammar is still compiling: they join the queue when
+        it is ready, so a new schema never stalls the batch (owned by the compute thread)."""
         """Sequences holding a cache row, in prefill order (owned by the compute thread)."""
         self._warmed: set[Shape] = set()
         self._steps = 0
@@ -259,6 +265,7 @@ class GaudiEngine(Engine):
                     self._take_commands(block=idle)
                     if self._stop.is_set() or self._shards_failed():
                         break
+                    self._release_compiled()
                     self._step()
                     self._publish_stats()
                     if self._failure is not None:
@@ -271,8 +278,10 @@ class GaudiEngine(Engine):
 
     def _take_commands(self, block: bool) -> None:
         """Apply queued commands in the order they were made."""
+        # While grammars compile, an idle loop looks again soon rather than sleeping.
+        wait = _COMPILE_POLL_S if self._compiling else _IDLE_WAIT_S
         try:
-            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=wait) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -301,13 +310,13 @@ class GaudiEngine(Engine):
             self._failure = f"sharded engine failed: {reason}"
             logger.error("gaudi: engine stops serving, failing %d sequences",
                          len(self.running) + len(self._scheduler.queue))
-        for seq in [*self.running, *self._scheduler.queue]:
+        for seq in [*self.running, *self._scheduler.queue, *self._compiling]:
             self._drop(seq)
             end(seq, error=self._failure)
 
     def _find(self, request_id: str) -> GaudiSequence | None:
         assert self._scheduler is not None
-        for seq in (*self.running, *self._scheduler.queue):
+        for seq in (*self.running, *self._scheduler.queue, *self._compiling):
             if seq.request_id == request_id:
                 return seq
         return None
@@ -323,7 +332,22 @@ class GaudiEngine(Engine):
             deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
                                      prompt_tokens=len(request.prompt_token_ids), error=error))
             return
+        if request.constraint is not None and self._runner is not None:
+            self._runner.start_grammar(seq)  # compiles in the worker from now on
+            if not grammar_settled(seq.sampler.grammar):
+                self._compiling.append(seq)
+                return
         self._scheduler.queue.push(seq)
+
+    def _release_compiled(self) -> None:
+        """Queue the sequences whose grammar compiled (or failed: their row then ends with
+        the error at its first step)."""
+        if not self._compiling:
+            return
+        assert self._scheduler is not None
+        for seq in [s for s in self._compiling if grammar_settled(s.sampler.grammar)]:
+            self._compiling.remove(seq)
+            self._scheduler.queue.push(seq)
 
     def _abort(self, request_id: str) -> None:
         seq = self._find(request_id)
@@ -338,6 +362,8 @@ class GaudiEngine(Engine):
             self.running.remove(seq)
             self._rows.release(seq.row)  # type: ignore[arg-type]
             seq.row = None
+        elif seq in self._compiling:
+            self._compiling.remove(seq)
         else:
             self._scheduler.queue.remove(seq)
 
@@ -464,7 +490,7 @@ class GaudiEngine(Engine):
         fp8_model, self._fp8 = self._fp8, None
         fp8.finish(fp8_model)  # type: ignore[arg-type]
         if self._scheduler is not None:
-            for seq in [*self.running, *self._scheduler.queue]:
+            for seq in [*self.running, *self._scheduler.queue, *self._compiling]:
                 self._drop(seq)
                 end(seq, finish=FinishReason.ABORTED)
         while not self._inbox.empty():

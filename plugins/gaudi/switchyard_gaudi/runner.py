@@ -143,14 +143,18 @@ class StaticRunner:
         if all(seq.request.constraint is None for seq in seqs):
             return []
         for seq in seqs:
-            if seq.request.constraint is None or seq.sampler.grammar is not None:
-                continue
-            if self.grammar is None and self.model_folder is not None:
-                # Sized to the logits' width: padded vocabulary columns are always masked.
-                self.grammar = GrammarSupport(self.model_folder, seq.sampler.vocab_size)
-            if self.grammar is not None:
-                seq.sampler.grammar = self.grammar.start(seq.request)
+            self.start_grammar(seq)
         return apply_grammars(self.grammar, logits, samplers)
+
+    def start_grammar(self, seq: GaudiSequence) -> None:
+        """Start compiling ``seq``'s grammar in the worker, unless it has one already."""
+        if seq.request.constraint is None or seq.sampler.grammar is not None:
+            return
+        if self.grammar is None and self.model_folder is not None:
+            # Sized to the logits' width: padded vocabulary columns are always masked.
+            self.grammar = GrammarSupport(self.model_folder, seq.sampler.vocab_size)
+        if self.grammar is not None:
+            seq.sampler.grammar = self.grammar.start(seq.request)
 
     def warm(self, shape: Shape) -> None:
         """Run ``shape`` once on padding alone (padding rows write only to free rows)."""

@@ -31,6 +31,7 @@ import time
 import msgspec
 import torch
 
+from switchyard.engine.grammar import grammar_settled
 from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
@@ -557,7 +558,7 @@ class XeonEngine(Engine):
             return
         if request.constraint is not None and self._runner is not None:
             self._runner.start_grammar(seq)  # compiles in the worker from now on
-            if not _grammar_settled(seq):
+            if not grammar_settled(seq.sampler.grammar):
                 self._compiling.append(seq)
                 return
         self._scheduler.add(seq, front=front)
@@ -570,7 +571,7 @@ class XeonEngine(Engine):
         assert self._scheduler is not None
         still = []
         for seq in self._compiling:
-            if _grammar_settled(seq):
+            if grammar_settled(seq.sampler.grammar):
                 self._scheduler.add(seq)
             else:
                 still.append(seq)
@@ -653,12 +654,6 @@ class XeonEngine(Engine):
                                           finish_reason=FinishReason.ABORTED))
         if sched is not None:
             self._publish_stats()
-
-
-def _grammar_settled(seq: Sequence) -> bool:
-    """Whether ``seq``'s grammar has compiled or failed (either way it may be scheduled)."""
-    grammar = seq.sampler.grammar
-    return grammar is None or grammar.ready(0.0) or grammar.error is not None
 
 
 LINEARS = ("packed", "panel", "onednn", "stock")
