@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from switchyard.engine.grammar import grammar_settled
+from switchyard.engine.compile_hold import CompileHold
 from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard_spec import (
@@ -67,8 +67,6 @@ from switchyard_gaudi.warmup_plan import Shape, WarmupPlan
 logger = logging.getLogger("switchyard.gaudi")
 
 _IDLE_WAIT_S = 0.5
-_COMPILE_POLL_S = 0.002
-"""How often an otherwise idle loop checks whether a grammar finished compiling."""
 _OVERDUE = 0.0
 """A probe's queue time: the clock's origin, so QUEUE_THRESHOLD_MS finds it overdue."""
 
@@ -105,9 +103,8 @@ class GaudiEngine(Engine):
         self._failure: str | None = None
         """Why the engine stopped serving (a rank died); None while it serves."""
         self.running: list[GaudiSequence] = []
-        self._compiling: list[GaudiSequence] = []
-        """Constrained sequences whose grammar is still compiling: they join the queue when
-        it is ready, so a new schema never stalls the batch (owned by the compute thread)."""
+        self._compiling: CompileHold[GaudiSequence] = CompileHold()
+        """Constrained sequences whose grammar is still compiling (owned by the compute thread)."""
         """Sequences holding a cache row, in prefill order (owned by the compute thread)."""
         self._warmed: set[Shape] = set()
         self._steps = 0
@@ -265,7 +262,8 @@ class GaudiEngine(Engine):
                     self._take_commands(block=idle)
                     if self._stop.is_set() or self._shards_failed():
                         break
-                    self._release_compiled()
+                    for ready in self._compiling.release():
+                        self._scheduler.queue.push(ready)
                     self._step()
                     self._publish_stats()
                     if self._failure is not None:
@@ -278,8 +276,7 @@ class GaudiEngine(Engine):
 
     def _take_commands(self, block: bool) -> None:
         """Apply queued commands in the order they were made."""
-        # While grammars compile, an idle loop looks again soon rather than sleeping.
-        wait = _COMPILE_POLL_S if self._compiling else _IDLE_WAIT_S
+        wait = self._compiling.idle_wait(_IDLE_WAIT_S)
         try:
             item = self._inbox.get(timeout=wait) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -334,20 +331,9 @@ class GaudiEngine(Engine):
             return
         if request.constraint is not None and self._runner is not None:
             self._runner.start_grammar(seq)  # compiles in the worker from now on
-            if not grammar_settled(seq.sampler.grammar):
-                self._compiling.append(seq)
+            if self._compiling.hold(seq):
                 return
         self._scheduler.queue.push(seq)
-
-    def _release_compiled(self) -> None:
-        """Queue the sequences whose grammar compiled (or failed: their row then ends with
-        the error at its first step)."""
-        if not self._compiling:
-            return
-        assert self._scheduler is not None
-        for seq in [s for s in self._compiling if grammar_settled(s.sampler.grammar)]:
-            self._compiling.remove(seq)
-            self._scheduler.queue.push(seq)
 
     def _abort(self, request_id: str) -> None:
         seq = self._find(request_id)
@@ -362,9 +348,7 @@ class GaudiEngine(Engine):
             self.running.remove(seq)
             self._rows.release(seq.row)  # type: ignore[arg-type]
             seq.row = None
-        elif seq in self._compiling:
-            self._compiling.remove(seq)
-        else:
+        elif not self._compiling.remove(seq):
             self._scheduler.queue.remove(seq)
 
     def _step(self) -> None:

@@ -31,7 +31,7 @@ import time
 import msgspec
 import torch
 
-from switchyard.engine.grammar import grammar_settled
+from switchyard.engine.compile_hold import CompileHold
 from switchyard.engine.lifecycle import deliver, start_compute_thread
 from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard.engine.loading import load_causal_lm, resolve_dtype
@@ -85,8 +85,6 @@ from switchyard_xeon.stats import CacheStats, cache_stats, engine_stats
 logger = logging.getLogger("switchyard.xeon")
 
 _IDLE_WAIT_S = 0.5
-_COMPILE_POLL_S = 0.002
-"""How often an otherwise idle loop checks whether a grammar finished compiling."""
 """How long an idle loop sleeps before re-checking for shutdown."""
 
 
@@ -134,9 +132,8 @@ class XeonEngine(Engine):
         self.config = config
         self.info: ModelInfo | None = None
         self._inbox: queue.SimpleQueue[tuple[str, object, object]] = queue.SimpleQueue()
-        self._compiling: list[Sequence] = []
-        """Constrained sequences whose grammar is still compiling: they join the scheduler
-        when it is ready, so a new schema never stalls the batch (owned by the loop)."""
+        self._compiling: CompileHold[Sequence] = CompileHold()
+        """Constrained sequences whose grammar is still compiling (owned by the loop)."""
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -514,7 +511,8 @@ class XeonEngine(Engine):
                     self._take_commands(block=not batch)
                     if self._stop.is_set():
                         break
-                    self._release_compiled()
+                    for ready in self._compiling.release():
+                        sched.add(ready)
                     batch = sched.schedule()
                     if batch:
                         self._run_step(batch)
@@ -527,8 +525,7 @@ class XeonEngine(Engine):
 
     def _take_commands(self, block: bool) -> None:
         """Apply queued submits and aborts in the order they were made."""
-        # While grammars compile, an idle loop looks again soon rather than sleeping.
-        wait = _COMPILE_POLL_S if self._compiling else _IDLE_WAIT_S
+        wait = self._compiling.idle_wait(_IDLE_WAIT_S)
         try:
             item = self._inbox.get(timeout=wait) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -558,30 +555,14 @@ class XeonEngine(Engine):
             return
         if request.constraint is not None and self._runner is not None:
             self._runner.start_grammar(seq)  # compiles in the worker from now on
-            if not grammar_settled(seq.sampler.grammar):
-                self._compiling.append(seq)
+            if self._compiling.hold(seq):
                 return
         self._scheduler.add(seq, front=front)
-
-    def _release_compiled(self) -> None:
-        """Hand the scheduler the sequences whose grammar compiled (or failed: their row
-        then ends with the error at its first step)."""
-        if not self._compiling:
-            return
-        assert self._scheduler is not None
-        still = []
-        for seq in self._compiling:
-            if grammar_settled(seq.sampler.grammar):
-                self._scheduler.add(seq)
-            else:
-                still.append(seq)
-        self._compiling = still
 
     def _abort(self, request_id: str) -> None:
         assert self._scheduler is not None
         held = next((s for s in self._compiling if s.request_id == request_id), None)
-        if held is not None:
-            self._compiling.remove(held)
+        if held is not None and self._compiling.remove(held):
             emit(held, -1, finish=FinishReason.ABORTED)
             return
         seq = self._scheduler.find(request_id)
@@ -645,8 +626,8 @@ class XeonEngine(Engine):
             sched.finish(seq)  # type: ignore[union-attr]
             emit(seq, -1, finish=FinishReason.ABORTED)
         for seq in self._compiling:
+            self._compiling.remove(seq)
             emit(seq, -1, finish=FinishReason.ABORTED)
-        self._compiling = []
         while not self._inbox.empty():
             kind, request, sink = self._inbox.get_nowait()
             if kind in ("submit", "probe"):
