@@ -121,7 +121,11 @@ def packed_attention(
     if not isinstance(step, StepMetadata):
         raise RuntimeError(f"{ATTN_NAME} attention needs {STEP_KWARG}= in the forward call")
     if softcap is not None or s_aux is not None:
-        raise NotImplementedError("attention soft-capping and sinks are not supported yet")
+        # model_paths sends models with either to the fallback path; reaching here means a
+        # model asked for them without its config or modules showing it: fail, never ignore.
+        raise RuntimeError(f"{ATTN_NAME} attention was asked for logit soft-capping or "
+                           "attention sinks, which the paged kernels do not compute; "
+                           "serve this model with --engine-option forward=fallback")
     layer = int(module.layer_idx)
     step.cache.write(layer, step.slots, key[0], value[0])  # the step's new keys/values, one copy
     out = attend_packed(layer, query[0], key[0], value[0], step, scaling, sliding_window)
