@@ -12,7 +12,11 @@ import torch
 
 xgr = pytest.importorskip("xgrammar")
 
-from switchyard.engine.grammar import GrammarSupport, compile_grammar  # noqa: E402
+from switchyard.engine.grammar import (  # noqa: E402
+    GrammarSupport,
+    compile_grammar,
+    token_penalties,
+)
 from switchyard.engine.lifecycle import finish_reason  # noqa: E402
 from switchyard.engine.sampling import RowSampler, sample  # noqa: E402
 from switchyard.engine.sequence import BaseSequence  # noqa: E402
@@ -63,6 +67,24 @@ def _reference_allowed(tokenizer, vocab: int, constraint: Constraint, prefix: li
     logits = torch.zeros(1, vocab)
     xgr.apply_token_bitmask_inplace(logits, mask)
     return set(torch.isfinite(logits[0]).nonzero()[:, 0].tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [32, 100, 2048 + 61])
+def test_token_penalties_mask_as_xgrammar_does(vocab, dtype):
+    """Adding the penalties equals xgrammar's own in-place mask, bit for bit, over
+    random bitmasks (every bit pattern in every byte position) and ragged widths."""
+    gen = torch.Generator().manual_seed(vocab)
+    words = torch.randint(-2**31, 2**31 - 1, (5, (vocab + 31) // 32), generator=gen,
+                          dtype=torch.int64).to(torch.int32)
+    words[1] = -1  # everything allowed
+    words[2] = 0  # nothing allowed
+    logits = torch.randn(5, vocab, generator=gen).to(dtype)
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, words, vocab_size=vocab)
+    masked = logits + token_penalties(words, vocab, dtype)
+    assert torch.equal(masked, expected)
+    assert torch.isinf(masked[2]).all() and torch.equal(masked[1], logits[1])
 
 
 @pytest.mark.parametrize("pad", [0, 61])

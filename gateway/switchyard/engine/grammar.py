@@ -14,8 +14,9 @@ module, on its compute thread, with xgrammar as the grammar engine:
   :func:`~switchyard.engine.lifecycle.finish_reason` ends the sequence when the
   matcher has terminated.
 - :meth:`GrammarSupport.apply`: before sampling, fills one preallocated bitmask
-  for the constrained rows only and sets every token they may not take to
-  -inf, in place, before logit bias, penalties, temperature and top-k/p.
+  for the constrained rows only and adds -inf to every token they may not take
+  (:func:`token_penalties`), in place, before logit bias, penalties,
+  temperature and top-k/p.
 
 Compiling starts when the engine first sees the sequence (its prefill step), so
 it overlaps the prefill forward pass; the sequence's first sample waits for
@@ -235,21 +236,44 @@ class GrammarSupport:
         if logits.shape[-1] != self.vocab_size:
             raise ValueError(f"logits are {logits.shape[-1]} wide, the grammar's vocabulary "
                              f"{self.vocab_size}")
-        import xgrammar as xgr
-
         bitmask = self._bitmask_rows(logits.shape[0])
-        usable: list[int] = []
         for i in constrained:
-            matcher = rows[i].grammar.matcher  # type: ignore[union-attr]
-            matcher.fill_next_token_bitmask(bitmask, i)
-            if not bool(bitmask[i].any()):
-                errors[i] = "the grammar allows no next token"
-                continue
-            usable.append(i)
-        if usable:
-            xgr.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]],
-                                            indices=usable)
+            rows[i].grammar.matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+        index = torch.tensor(constrained, dtype=torch.long)
+        words = bitmask.index_select(0, index)
+        dead = ~(words != 0).any(dim=1)
+        if bool(dead.any()):
+            for j in dead.nonzero().flatten().tolist():
+                errors[constrained[j]] = "the grammar allows no next token"
+            keep = ~dead
+            index, words = index[keep], words[keep]
+        if index.numel():
+            logits.index_add_(0, index, token_penalties(words, logits.shape[-1], logits.dtype))
         return errors
+
+
+_BYTE_PENALTIES: dict[torch.dtype, torch.Tensor] = {}
+
+
+def token_penalties(words: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bitmask rows (xgrammar's int32 words, bit ``t`` = token ``t`` allowed) as additive
+    penalties ``[rows, vocab_size]``: 0 where allowed, -inf where not.
+
+    Adding these to the logits is the mask (``x + 0 == x``, ``x - inf == -inf``).
+    One table lookup per mask byte (each byte's 8 penalties at once) and one add
+    cost ~1.3 ms for 32 rows of a 49k vocabulary on one core, where
+    ``xgrammar.apply_token_bitmask_inplace``'s CPU path, bit by bit, took ~4-6 ms
+    and ``masked_fill`` with an unpacked boolean mask ~6 ms (Zen 4).
+    """
+    table = _BYTE_PENALTIES.get(dtype)
+    if table is None:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        table = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
+        _BYTE_PENALTIES[dtype] = table
+    # Little-endian int32 words: byte b of word w holds tokens 32w + 8b .. 32w + 8b + 7.
+    byte_codes = words.contiguous().view(torch.uint8).reshape(-1).long()
+    penalties = table.index_select(0, byte_codes).view(words.shape[0], -1)
+    return penalties[:, :vocab_size]
 
 
 def grammar_settled(state: GrammarState | None) -> bool:
