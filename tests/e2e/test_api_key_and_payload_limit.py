@@ -1,6 +1,7 @@
 """`--api-key` guards the generation routes only (bare 401); `--payload-limit` answers 413.
 
-One extra server with both flags set.
+One extra server with both flags set, and a gateway in front of it that sends
+the key from `api_key_env`.
 """
 
 from __future__ import annotations
@@ -89,3 +90,38 @@ def test_payload_limit_is_413_in_each_api_format(guarded):
     r = httpx.post(f"{guarded.url}/generate", headers=auth, timeout=60,
                    json={"inputs": "word " * 10, "parameters": {"max_new_tokens": 1}})
     assert r.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def fronting(guarded, model_cache, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fronting")
+    config = folder / "models.toml"
+    config.write_text(f"""
+[[models]]
+name = "keyed"
+upstreams = ["{guarded.url}"]
+api_key_env = "UPSTREAM_KEY"
+
+[[models]]
+name = "keyless"
+upstreams = ["{guarded.url}"]
+""")
+    live = start_server(model_cache, folder, "--config", str(config),
+                        env={"UPSTREAM_KEY": KEY})
+    yield live
+    stop_server(live)
+
+
+def test_a_gateway_sends_the_upstreams_key_from_its_environment(fronting):
+    client = openai.OpenAI(base_url=f"{fronting.url}/v1", api_key="-", timeout=60)
+    chat = client.chat.completions.create(model="keyed", **CHAT)
+    assert chat.choices[0].message.role == "assistant"
+    tgi = Client(fronting.url, headers={"X-Model": "keyed"}, timeout=60)
+    assert tgi.generate("hi", max_new_tokens=2).details.generated_tokens <= 2
+    # The same upstream without the key refuses the gateway, not the client: a 502 that
+    # says so (a 401 would tell the client its own key is wrong).
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="keyless", **CHAT)
+    assert err.value.status_code == 502
+    assert "refused the gateway's credentials (401)" in err.value.message
+    assert "api_key_env" in err.value.message

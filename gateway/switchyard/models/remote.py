@@ -34,7 +34,8 @@ class RemoteModel:
             self.replicas = [Replica(url) for url in self.entry.upstreams]
         self.admission = Admission(limit=self.entry.max_concurrent_requests)
         self._monitor = ReplicaMonitor(self.client, self.replicas, self.entry.metrics_interval_s,
-                                       self.entry.cooldown_s, self.entry.max_failures)
+                                       self.entry.cooldown_s, self.entry.max_failures,
+                                       headers=self.entry.auth_headers())
 
     @property
     def name(self) -> str:

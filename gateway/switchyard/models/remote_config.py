@@ -6,6 +6,7 @@ name = "far"
 aliases = ["remote"]
 upstreams = ["http://10.0.0.5:8080", "http://10.0.0.6:8080"]
 api = "openai"          # what the upstreams speak: "tgi" (TGI, Switchyard) or "openai" (vLLM...)
+api_key_env = "FAR_KEY" # the upstreams' API key is in this environment variable
 ```
 
 Only the keys below apply to such an entry; a local model's key (`engine`,
@@ -14,6 +15,7 @@ Only the keys below apply to such an entry; a local model's key (`engine`,
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -50,11 +52,20 @@ class RemoteEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """How often each replica's `/metrics` is read for its queue depth (0.05 to 0.5)."""
     timeout_s: float = 300.0
     """Longest wait for the next byte from a replica (connecting: at most 5 s)."""
+    api_key_env: str | None = None
+    """The environment variable holding the upstreams' API key, sent to them as
+    `Authorization: Bearer <key>` (the key itself never goes in the file)."""
 
     @property
     def name(self) -> str:
         """What clients send as `model`."""
         return self.served_model_name
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every request to an upstream carries: its API key, if one is configured."""
+        if self.api_key_env is None:
+            return {}
+        return {"authorization": f"Bearer {os.environ[self.api_key_env]}"}
 
 
 REMOTE_FIELDS = ("aliases", "name", *(f for f in RemoteEntry.__struct_fields__
@@ -81,6 +92,9 @@ def remote_entry(where: str, values: dict[str, Any], max_concurrent_requests: in
         raise ConfigError(f"{where}: {field_message(exc, REMOTE_FIELDS)}") from None
     if not entry.upstreams:
         raise ConfigError(f"{where}: field `upstreams` lists no URL")
+    if entry.api_key_env is not None and not os.environ.get(entry.api_key_env):
+        raise ConfigError(f"{where}: field `api_key_env`: the environment variable "
+                          f"{entry.api_key_env} is not set (or empty)")
     urls = tuple(_url(where, i, url) for i, url in enumerate(entry.upstreams))
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{where}: field `upstreams` lists a URL twice")

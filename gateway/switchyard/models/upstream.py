@@ -118,8 +118,10 @@ class ReplicaMonitor:
     """The background task that keeps a model's replicas' load and health current."""
 
     def __init__(self, client: httpx.AsyncClient, replicas: list[Replica], interval_s: float,
-                 cooldown_s: float, max_failures: int) -> None:
+                 cooldown_s: float, max_failures: int,
+                 headers: dict[str, str] | None = None) -> None:
         self._client = client
+        self._headers = headers or {}
         self._replicas = replicas
         self._interval = interval_s
         self._cooldown = cooldown_s
@@ -154,7 +156,7 @@ class ReplicaMonitor:
                 await self._probe(replica)
             return
         try:
-            answer = await self._client.get(f"{replica.url}/metrics",
+            answer = await self._client.get(f"{replica.url}/metrics", headers=self._headers,
                                             timeout=SCRAPE_TIMEOUT_S)
         except httpx.TimeoutException:
             return  # busy rendering it, perhaps: the requests themselves tell if it is down
@@ -169,7 +171,7 @@ class ReplicaMonitor:
 
     async def _probe(self, replica: Replica) -> None:
         try:
-            ok = (await self._client.get(f"{replica.url}/health",
+            ok = (await self._client.get(f"{replica.url}/health", headers=self._headers,
                                          timeout=SCRAPE_TIMEOUT_S)).status_code == 200
         except httpx.TransportError:
             ok = False
@@ -183,7 +185,7 @@ class ReplicaMonitor:
 
     async def _discover(self, replica: Replica) -> None:
         try:
-            answer = await self._client.get(f"{replica.url}/v1/models",
+            answer = await self._client.get(f"{replica.url}/v1/models", headers=self._headers,
                                           timeout=SCRAPE_TIMEOUT_S)
             if answer.status_code == 200:
                 cards = msgspec.json.decode(answer.content, type=_ModelList).data

@@ -139,7 +139,7 @@ async def _open(model: RemoteModel, api: Api, path: str, raw: bytes, stream: boo
     last: _Failure | None = None
     while (replica := pick(model.replicas, tried)) is not None:
         tried.append(replica)
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **model.entry.auth_headers()}
         body = raw
         if document is not None:
             body = msgspec.json.encode({**document, "model": model.upstream_model(replica)})
@@ -180,6 +180,10 @@ async def _attempt(model: RemoteModel, replica: Replica, path: str, body: bytes,
     try:
         if answer.status_code >= 500:
             raise _Failure(f"it answered {answer.status_code}")
+        if answer.status_code in (401, 403):
+            # The gateway's credentials, not the client's: a 401 passed on would blame the client.
+            raise _Failure(f"it refused the gateway's credentials ({answer.status_code}); "
+                           "check the model's `api_key_env`")
         if not stream or answer.status_code != 200:
             content = await answer.aread()  # an error body is answered whole, whatever asked
             _check_json(content)
