@@ -51,10 +51,10 @@ class LiveServer:
 
 
 def start_server(cache: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 timeout: float = 180.0) -> LiveServer:
-    """Start the real CLI and wait until `/health` answers 200."""
-    port = _free_port()
-    log_path = log_dir / f"server-{port}.log"
+                 timeout: float = 180.0, port: int | None = None) -> LiveServer:
+    """Start the real CLI and wait until `/health` answers 200 (on `port`, or a free one)."""
+    port = port or _free_port()
+    log_path = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
     # The server never touches a hub: everything it loads is built locally.
     full_env = {**os.environ, "SWITCHYARD_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
                 **(env or {})}
