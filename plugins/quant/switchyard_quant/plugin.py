@@ -154,10 +154,11 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
 
 @hookimpl
 def switchyard_commands() -> list[Any]:
-    """``switchyard quantize MODEL OUT --method int4``: write a GPTQ folder."""
+    """``switchyard quantize MODEL OUT --method int4 [--gptq --calibration FILE]``."""
     from switchyard_spec import CommandSpec
 
     return [CommandSpec(name="quantize",
-                        help="quant: round a model to 4 bits (RTN) and write a GPTQ folder "
-                             "(--method int4, int4-g64, int4-g32)",
+                        help="quant: round a model to 4 bits (RTN, or GPTQ with --gptq "
+                             "--calibration FILE) and write a GPTQ folder (--method int4, "
+                             "int4-g64, int4-g32)",
                         main=quantize_main)]

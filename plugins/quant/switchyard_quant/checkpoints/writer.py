@@ -1,7 +1,10 @@
-"""``switchyard quantize MODEL OUT --method int4``: write a GPTQ folder (round to nearest).
+"""``switchyard quantize MODEL OUT --method int4 [--gptq --calibration FILE]``: write a GPTQ folder.
 
 Every linear layer but the LM head (the GPTQ tools' default) is rounded with
-``int4``'s RTN (:func:`switchyard_quant.int4.quantize_uint4`) and stored in
+``int4``'s RTN (:func:`switchyard_quant.int4.quantize_uint4`), or with
+``--gptq`` by GPTQ over a calibration file's texts, one decoder layer after
+another (:mod:`switchyard_quant.gptq_layers`, :mod:`switchyard_quant.gptq_solver`;
+no act-order), and stored in
 the GPTQ layout :mod:`.gptq` reads (``qweight``, ``qzeros``, float16
 ``scales``, ``g_idx``), so transformers and GPTQ tools recognise the folder
 too. Zero points are stored minus one (``checkpoint_format`` "gptq", what
@@ -19,12 +22,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from switchyard_spec import QuantizedWeight
 
 from switchyard_quant.checkpoints.folder import CheckpointError, FolderTensors
+
+if TYPE_CHECKING:
+    from switchyard_quant.gptq_layers import GptqSettings
 
 METHODS = {"int4": 128, "int4-g64": 64, "int4-g32": 32}
 """``--method`` -> group size."""
@@ -68,11 +75,36 @@ def linear_names(folder: Path) -> tuple[list[str], str]:
     return names, head_name
 
 
-def write_gptq(model: str | Path, out: str | Path, group_size: int = 128) -> dict:
-    """Quantize ``model`` (a folder) into the GPTQ folder ``out``; returns its quantization_config."""
-    from safetensors.torch import save_file
-
+def rounded_records(src: Path, tensors: FolderTensors, names: list[str], group_size: int,
+                    gptq: GptqSettings | None) -> tuple[dict[str, QuantizedWeight], str]:
+    """Each linear's uint4 record (RTN, or GPTQ where ``gptq`` is given), and how it was made."""
     from switchyard_quant.int4 import quantize_uint4
+
+    records: dict[str, QuantizedWeight] = {}
+    how = "RTN"
+    if gptq is not None:
+        from switchyard_quant.gptq_layers import calibrate_and_quantize
+
+        result = calibrate_and_quantize(src, names, gptq)
+        records.update(result.records)
+        how = (f"GPTQ over {result.prompts} calibration prompts, {result.tokens} tokens, "
+               f"damp {gptq.damp:g}")
+        if len(records) < len(names):
+            how += f"; {len(names) - len(records)} linears outside the decoder layers by RTN"
+    for n in names:
+        if n not in records:
+            records[n] = quantize_uint4(tensors.get(f"{n}.weight").float(), group_size)
+    return records, how
+
+
+def write_gptq(model: str | Path, out: str | Path, group_size: int = 128,
+               gptq: GptqSettings | None = None) -> dict:
+    """Quantize ``model`` (a folder) into the GPTQ folder ``out``; returns its quantization_config.
+
+    RTN unless ``gptq`` (calibration file and settings) is given; the result
+    also holds ``linears``, ``head`` and ``how`` (a line saying how it was rounded).
+    """
+    from safetensors.torch import save_file
 
     src, dst = Path(model), Path(out)
     if not (src / "config.json").is_file():
@@ -86,8 +118,9 @@ def write_gptq(model: str | Path, out: str | Path, group_size: int = 128) -> dic
     quantize = [n for n in names if f"{n}.weight" in tensors]
     if not quantize:
         raise CheckpointError(f"{src}: no linear layer's weight found in the safetensors")
-    records = {n: quantize_uint4(tensors.get(f"{n}.weight").float(), group_size)
-               for n in quantize}
+    if gptq is not None and gptq.group_size != group_size:
+        raise ValueError(f"GPTQ group size {gptq.group_size} is not the method's {group_size}")
+    records, how = rounded_records(src, tensors, quantize, group_size, gptq)
     # v1 (zero points minus one) unless some group's zero point is 0.
     v1 = all(int(r.zero_points.min()) > 0 for r in records.values())
     out_tensors: dict[str, torch.Tensor] = {}
@@ -103,34 +136,102 @@ def write_gptq(model: str | Path, out: str | Path, group_size: int = 128) -> dic
     quant = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False,
              "sym": False, "true_sequential": True, "static_groups": False,
              "checkpoint_format": "gptq" if v1 else "gptq_v2", "lm_head": False}
+    if gptq is not None:
+        quant["damp_percent"] = gptq.damp
     config["quantization_config"] = quant
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for path in src.iterdir():
         if path.is_file() and path.name not in SKIPPED_FILES and not path.name.endswith(
                 SKIPPED_SUFFIXES):
             shutil.copy2(path, dst / path.name)
-    return {**quant, "linears": len(quantize), "head": head}
+    return {**quant, "linears": len(quantize), "head": head, "how": how}
 
 
-def main(argv: list[str]) -> int:
-    """``switchyard quantize MODEL OUT --method int4[-g64|-g32]``."""
+def _parser() -> argparse.ArgumentParser:
+    from switchyard_quant.gptq_layers import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLES
+    from switchyard_quant.gptq_solver import DEFAULT_DAMP, GROUP_SIZES
+
     parser = argparse.ArgumentParser(
         prog="switchyard quantize",
         description="Round a model's linear layers (all but the LM head) to 4 bits and write a "
                     "GPTQ folder that `switchyard serve --model-id OUT` serves (detected) and "
-                    "GPTQ tools read.")
+                    "GPTQ tools read. Round to nearest by default; --gptq --calibration FILE "
+                    "for GPTQ's error feedback over calibration texts.")
     parser.add_argument("model", help="the model folder (config.json and safetensors)")
     parser.add_argument("out", help="the folder to write")
-    parser.add_argument("--method", choices=sorted(METHODS), default="int4",
+    parser.add_argument("--method", choices=sorted(METHODS), default=None,
                         help="int4: groups of 128 (default); int4-g64, int4-g32")
+    parser.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=None,
+                        help="the group size (instead of --method's suffix)")
+    parser.add_argument("--gptq", action="store_true",
+                        help="GPTQ (Hessian error feedback, layer by layer) instead of RTN; "
+                             "needs --calibration")
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="GPTQ's calibration texts: JSON Lines, one {\"text\": ...} or "
+                             "string per line")
+    parser.add_argument("--damp", type=float, default=None,
+                        help=f"GPTQ's dampening, a fraction of the Hessian's mean diagonal "
+                             f"(default {DEFAULT_DAMP})")
+    parser.add_argument("--calibration-samples", type=int, default=None,
+                        help=f"GPTQ: the file's first N texts (default {DEFAULT_SAMPLES})")
+    parser.add_argument("--calibration-tokens", type=int, default=None,
+                        help=f"GPTQ: tokens per text at most (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--act-order", action="store_true",
+                        help="refused: act-order (desc_act) checkpoints are not served")
+    return parser
+
+
+def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+              ) -> tuple[int, GptqSettings | None]:
+    """The group size and the GPTQ settings the arguments ask for; parser.error on a conflict."""
+    from switchyard_quant.gptq_layers import GptqSettings
+
+    group = args.group_size or METHODS[args.method or "int4"]
+    if args.method and args.group_size and METHODS[args.method] != args.group_size:
+        parser.error(f"--group-size {args.group_size} contradicts --method {args.method} "
+                     f"(groups of {METHODS[args.method]})")
+    if args.act_order:
+        parser.error("--act-order: act-order (desc_act) folders are not served here (the kernels "
+                     "do not permute a layer's inputs), so it is not written either")
+    gptq_only = {"--calibration": args.calibration, "--damp": args.damp,
+                 "--calibration-samples": args.calibration_samples,
+                 "--calibration-tokens": args.calibration_tokens}
+    if not args.gptq:
+        given = [flag for flag, value in gptq_only.items() if value is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: only with --gptq (round to nearest needs no "
+                         "calibration)")
+        return group, None
+    if not args.calibration:
+        parser.error("--gptq needs --calibration FILE: a JSON Lines file of calibration texts "
+                     "(one {\"text\": ...} or string per line)")
+    defaults = GptqSettings(calibration_file=args.calibration)
+    settings = GptqSettings(
+        calibration_file=args.calibration, group_size=group,
+        damp=defaults.damp if args.damp is None else args.damp,
+        samples=defaults.samples if args.calibration_samples is None else args.calibration_samples,
+        max_tokens=(defaults.max_tokens if args.calibration_tokens is None
+                    else args.calibration_tokens))
+    if not 0.0 < settings.damp <= 1.0:
+        parser.error(f"--damp {settings.damp:g}: must be above 0 and at most 1")
+    if settings.samples < 1 or settings.max_tokens < 1:
+        parser.error("--calibration-samples and --calibration-tokens must be positive")
+    return group, settings
+
+
+def main(argv: list[str]) -> int:
+    """``switchyard quantize MODEL OUT [--method int4[-g64|-g32]] [--gptq --calibration FILE]``."""
+    parser = _parser()
     args = parser.parse_args(argv)
+    group, gptq = _settings(parser, args)
     begin = time.perf_counter()
     try:
-        written = write_gptq(args.model, args.out, METHODS[args.method])
+        written = write_gptq(args.model, args.out, group, gptq)
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"switchyard quantize: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}: {written['linears']} linears as GPTQ 4-bit, group "
-          f"{written['group_size']}, checkpoint_format {written['checkpoint_format']} (RTN); "
-          f"{written['head'] or 'the LM head'} kept in float; {time.perf_counter() - begin:.1f}s")
+          f"{written['group_size']}, checkpoint_format {written['checkpoint_format']} "
+          f"({written['how']}); {written['head'] or 'the LM head'} kept in float; "
+          f"{time.perf_counter() - begin:.1f}s")
     return 0
