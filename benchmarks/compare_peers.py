@@ -31,16 +31,16 @@ try:  # the whole harness builds on switchyard.bench, hence on Switchyard's venv
     import bandwidth
     import report
     from peer_llamacpp import LlamaCppPeer
-    from peers import (EnginePeer, Peer, ShapeRun, SwitchyardPeer, SwitchyardQuantPeer,
-                       TransformersPeer, VllmPeer)
+    from peers import (EnginePeer, Peer, ShapeRun, SwitchyardPeer, SwitchyardProcessPeer,
+                       SwitchyardQuantPeer, TransformersPeer, VllmPeer)
     from results import Point, skipped
     from switchyard.bench.prompts import corpus_words, local_builder
 except ImportError as exc:
     sys.exit(f"cannot import the harness ({exc}): run it with Switchyard's .venv/bin/python")
 
 HERE = Path(__file__).resolve().parent
-PEERS = ("switchyard", "switchyard-int8", "switchyard-int4", "switchyard-smoothquant",
-         "switchyard-engine", "hf-generate",
+PEERS = ("switchyard", "switchyard-process", "switchyard-int8", "switchyard-int4",
+         "switchyard-smoothquant", "switchyard-engine", "hf-generate",
          "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16")
 MAKE_MODEL = HERE / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
@@ -111,6 +111,7 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
     """Peer objects in the order they run."""
     factories = {
         "switchyard": lambda: SwitchyardPeer(args.switchyard_args),
+        "switchyard-process": lambda: SwitchyardProcessPeer(args.switchyard_args),
         "switchyard-int8": lambda: SwitchyardQuantPeer("int8", args.switchyard_args),
         "switchyard-int4": lambda: SwitchyardQuantPeer("int4", args.switchyard_args),
         "switchyard-smoothquant": lambda: SwitchyardQuantPeer("smoothquant",

@@ -144,6 +144,16 @@ class SwitchyardPeer(ServerPeer):
         return Endpoint(url=f"http://127.0.0.1:{port}", api="tgi")
 
 
+class SwitchyardProcessPeer(SwitchyardPeer):
+    """`switchyard serve --engine-process`: the same server, its engine in a child process."""
+
+    name = "switchyard-process"
+    note = "--engine-process (XeonEngine in its own process, events relayed over a pipe)"
+
+    def __init__(self, extra_args: str = "") -> None:
+        super().__init__(f"--engine-process {extra_args}")
+
+
 class SwitchyardQuantPeer(SwitchyardPeer):
     """`switchyard serve --quantize METHOD`: the quant plugin's method on the xeon engine."""
 

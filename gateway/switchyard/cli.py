@@ -115,6 +115,11 @@ def main() -> None:
               metavar="KEY=VALUE",
               help="Engine-specific setting, repeatable (xeon: num_threads, block_size, "
                    "prefix_caching).")
+@click.option("--engine-process", envvar="SWITCHYARD_ENGINE_PROCESS", is_flag=True,
+              help="Run each local model's engine in a process of its own (restarted if it "
+                   "dies); see docs/routing.md.")
+@click.option("--cpus", envvar="SWITCHYARD_CPUS", default=None, metavar="CPULIST",
+              help="Pin the engine process to these CPUs, e.g. 0-3,8 (needs --engine-process).")
 @click.option("--payload-limit", envvar="PAYLOAD_LIMIT", type=int, default=2_000_000,
               show_default=True)
 @click.option("--api-key", envvar="API_KEY", default=None,

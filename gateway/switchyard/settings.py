@@ -48,6 +48,10 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """Waiting/running ratio below which newcomers wait for company (TGI)."""
     engine_options: dict[str, str] = {}
     """Engine-specific settings (`--engine-option KEY=VALUE`), passed through as given."""
+    engine_process: bool = False
+    """Run each local model's engine in a process of its own (`switchyard.engine_process`)."""
+    cpus: str | None = None
+    """CPUs (a Linux CPU list, "0-3,8") the engine process is pinned to; needs `engine_process`."""
     payload_limit: int = 2_000_000
     """Largest request body in bytes; larger ones get a 413."""
     api_key: str | None = None

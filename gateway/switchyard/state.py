@@ -53,6 +53,8 @@ class Gateway:
         # Labels the request's metrics and log line.
         note_model(model.name, REMOTE_ENGINE if isinstance(model, RemoteModel)
                    else model.engine_spec.name)
+        if isinstance(model, ServedModel):
+            model.check_available()  # a 503 while its engine process restarts
         return model
 
     def model(self, name: str | None = None, api: str = "openai") -> ServedModel:

@@ -27,6 +27,7 @@ from switchyard.models.remote_config import (
     field_message,
     remote_entry,
 )
+from switchyard.engine_process.wire import parse_cpus
 from switchyard.settings import ServeSettings
 
 
@@ -58,6 +59,10 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_batch_total_tokens: int
     max_waiting_tokens: int
     waiting_served_ratio: float
+    engine_process: bool = False
+    """Run this model's engine in a process of its own."""
+    cpus: str | None = None
+    """The CPUs its engine process is pinned to, as a Linux CPU list ("0-3,8")."""
 
     @property
     def name(self) -> str:
@@ -79,7 +84,9 @@ def _flag_values(settings: ServeSettings) -> dict[str, Any]:
 def entries_from_settings(settings: ServeSettings) -> list[ModelEntry | RemoteEntry]:
     """The served models: the `--config` file's entries, or the one model the flags name."""
     if settings.config is None:
-        return [msgspec.convert(_flag_values(settings), ModelEntry)]
+        entry = msgspec.convert(_flag_values(settings), ModelEntry)
+        _check_cpus("--cpus", entry, flags=True)
+        return [entry]
     return read_config(settings.config, settings)
 
 
@@ -130,7 +137,24 @@ def _entry(path: Path, index: int, table: object,
     for field in ("max_concurrent_requests", "max_waiting_tokens"):
         if getattr(entry, field) < (1 if field == "max_concurrent_requests" else 0):
             raise ConfigError(f"{where}: field `{field}` is out of range")
+    _check_cpus(where, entry)
     return entry
+
+
+def _check_cpus(where: str, entry: ModelEntry, flags: bool = False) -> None:
+    """`cpus` is a CPU list, and pins an engine process (an engine in the server's own
+    process shares the server's CPUs)."""
+    if entry.cpus is None:
+        return
+    field, needs = ("--cpus", "--engine-process") if flags else ("field `cpus`",
+                                                                 "`engine_process = true`")
+    prefix = "" if flags else f"{where}: "
+    try:
+        parse_cpus(entry.cpus)
+    except ValueError as exc:
+        raise ConfigError(f"{prefix}{field}: {exc}") from None
+    if not entry.engine_process:
+        raise ConfigError(f"{prefix}{field} pins an engine process: it needs {needs}")
 
 
 def _option_strings(where: str, options: dict[str, object]) -> dict[str, str]:

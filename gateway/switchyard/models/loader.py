@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from switchyard.engine_process import EngineProcess, parse_cpus
 from switchyard.models.config import ModelEntry
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
 from switchyard.settings import resolve_num_shard, resolve_token_limits
 from switchyard.text import load_tokenizer
-from switchyard_spec import EngineConfig, EngineStartError, StepObserver
+from switchyard_spec import Engine, EngineConfig, EngineStartError, StepObserver
 
 log = logging.getLogger("switchyard.models")
 
@@ -71,25 +72,33 @@ def load_model(
     # A quantized checkpoint (config.json's quantization_config) picks its reader.
     quantize = plugins.detect_quantization(entry.quantize, path)
     quantization = plugins.resolve_quantization(quantize, spec)
-    engine = spec.factory(
-        EngineConfig(
-            model_path=str(path),
-            dtype=entry.dtype,
-            max_total_tokens=entry.max_total_tokens,
-            max_input_tokens=entry.max_input_tokens,
-            num_shard=resolve_num_shard(entry),
-            max_batch_size=entry.max_batch_size,
-            max_batch_prefill_tokens=entry.max_batch_prefill_tokens,
-            max_batch_total_tokens=entry.max_batch_total_tokens,
-            quantize=quantize,
-            quantization=quantization,
-            options={
-                "max_waiting_tokens": str(entry.max_waiting_tokens),
-                "waiting_served_ratio": str(entry.waiting_served_ratio),
-                **entry.engine_options,
-            },
-        )
+    name = entry.served_model_name or model_id
+    config = EngineConfig(
+        model_path=str(path),
+        dtype=entry.dtype,
+        max_total_tokens=entry.max_total_tokens,
+        max_input_tokens=entry.max_input_tokens,
+        num_shard=resolve_num_shard(entry),
+        max_batch_size=entry.max_batch_size,
+        max_batch_prefill_tokens=entry.max_batch_prefill_tokens,
+        max_batch_total_tokens=entry.max_batch_total_tokens,
+        quantize=quantize,
+        quantization=quantization,
+        options={
+            "max_waiting_tokens": str(entry.max_waiting_tokens),
+            "waiting_served_ratio": str(entry.waiting_served_ratio),
+            **entry.engine_options,
+        },
     )
+    if entry.engine_process:
+        # The same engine, built by the same plugin, in a process of its own.
+        engine: Engine = EngineProcess(
+            spec.name, config, model=name,
+            cpus=parse_cpus(entry.cpus) if entry.cpus is not None else None)
+        log.info("model %s: engine %s in its own process%s", model_id, spec.name,
+                 f", pinned to CPUs {entry.cpus}" if entry.cpus is not None else "")
+    else:
+        engine = spec.factory(config)
     log.info("model %s: loading weights with engine %s", model_id, spec.name)
     info = engine.start()
     try:
@@ -98,7 +107,6 @@ def load_model(
             "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d",
             model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
         )
-        name = entry.served_model_name or model_id
         observer = step_observer(name, spec.name) if step_observer is not None else None
         if observer is not None:
             engine.set_step_observer(observer)

@@ -1,8 +1,9 @@
 """Which served model answers a request, by the name in its `model` field.
 
-A name reaches a local model (`ServedModel`, on an engine in this process) or
-a remote one (`RemoteModel`, forwarded to its replicas); both kinds share one
-namespace, and the first model of the config file, of either kind, is the default.
+A name reaches a local model (`ServedModel`, on an engine of this server, in its
+process or in one of its own) or a remote one (`RemoteModel`, forwarded to its
+replicas); both kinds share one namespace, and the first model of the config
+file, of either kind, is the default.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from switchyard.errors import overloaded_error
+from switchyard.engine_process import EngineProcess
+from switchyard.errors import ApiError, overloaded_error
 from switchyard.settings import TokenLimits
 from switchyard.text import TextTokenizer
 from switchyard_spec import (
@@ -172,6 +173,18 @@ class ServedModel:
     warmup: WarmupReport | None = None
     """What the engine's warmup measured (time, token capacity), for metrics."""
     _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def check_available(self) -> None:
+        """Raise a 503 `unhealthy` while the model's engine process is down or restarting.
+
+        Only an engine in its own process (`--engine-process`) is ever
+        unavailable this way; the gateway checks it when it resolves a request's model.
+        """
+        engine = self.engine
+        if isinstance(engine, EngineProcess):
+            down = engine.unavailable()
+            if down is not None:
+                raise ApiError(503, f"Model `{self.name}` is not available: {down}", "unhealthy")
 
     def submit(self, request: EngineRequest) -> EventStream:
         """Hand `request` to the engine now; read its events from the returned stream."""
