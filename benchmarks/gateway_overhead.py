@@ -42,7 +42,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(args: list[str], log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def serve(args: list[str], log: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `switchyard serve` with `args` on a free loopback port; wait until healthy."""
     port = _free_port()
     cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--hostname", "127.0.0.1",
            "--port", str(port), *args]
@@ -152,15 +153,15 @@ def main() -> None:
     replica, gateway = args.replica_url, args.gateway_url
     try:
         if replica is None:
-            proc, replica = _serve(["--engine-option", f"num_threads={args.threads}",
-                                    "--max-concurrent-requests", "512"], logs / "replica.log",
-                                   {"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
+            proc, replica = serve(["--engine-option", f"num_threads={args.threads}",
+                                   "--max-concurrent-requests", "512"], logs / "replica.log",
+                                  {"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
             procs.append(proc)
         if gateway is None:
             config = logs / "models.toml"
             config.write_text(f'[[models]]\nname = "{MODEL}"\nupstreams = ["{replica}"]\n'
                               "max_concurrent_requests = 512\n")
-            proc, gateway = _serve(["--config", str(config)], logs / "gateway.log", {})
+            proc, gateway = serve(["--config", str(config)], logs / "gateway.log", {})
             procs.append(proc)
         record = asyncio.run(measure(replica, gateway, args.requests, args.streams,
                                      args.new_tokens, args.rounds))

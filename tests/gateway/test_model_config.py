@@ -90,6 +90,8 @@ waiting_served_ratio = 1
      "field `metrics_interval_s` is out of range (must be [0.05, 0.5])"),
     ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\nmax_failures = 0\n",
      "field `max_failures` is out of range"),
+    ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\nbalancing = 'random'\n",
+     "field `balancing` must be one of prefix, load or round-robin, not 'random'"),
     ("[[models]]\nname = 'r'\nupstreams = ['http://a:1']\napi_key_env = 'SWITCHYARD_NO_SUCH_KEY'\n",
      "field `api_key_env`: the environment variable SWITCHYARD_NO_SUCH_KEY is not set"),
     ("[[models]]\nname = 'a'\n[[models]]\nname = 'r'\naliases = ['a']\n"

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from switchyard.models.affinity import PrefixAffinity
+from switchyard.models.balancer import pick
 from switchyard.models.remote_config import RemoteEntry
 from switchyard.models.served import Admission
 from switchyard.models.upstream import Replica, ReplicaMonitor
@@ -27,12 +29,15 @@ class RemoteModel:
     client: httpx.AsyncClient
     replicas: list[Replica] = field(default_factory=list)
     admission: Admission = field(init=False)
+    affinity: PrefixAffinity = field(init=False)
     _monitor: ReplicaMonitor = field(init=False)
+    _turn: int = 0
 
     def __post_init__(self) -> None:
         if not self.replicas:
             self.replicas = [Replica(url) for url in self.entry.upstreams]
         self.admission = Admission(limit=self.entry.max_concurrent_requests)
+        self.affinity = PrefixAffinity(max_spread=self.entry.affinity_max_spread)
         self._monitor = ReplicaMonitor(self.client, self.replicas, self.entry.metrics_interval_s,
                                        self.entry.cooldown_s, self.entry.max_failures,
                                        headers=self.entry.auth_headers())
@@ -59,6 +64,24 @@ class RemoteModel:
         replica that has not been asked yet (it was down at start-up) gets it.
         """
         return self.entry.upstream_model or replica.served_model or "tgi"
+
+    def choose(self, tried: list[Replica], chain: list[int]) -> Replica | None:
+        """The replica for the next attempt at a request (None: every one is out or tried).
+
+        ``chain`` is the prompt's prefix hashes (``affinity.prefix_chain``; empty when
+        the model does not balance on prefixes)."""
+        if self.entry.balancing == "round-robin":
+            candidates = [r for r in self.replicas if r.available and r not in tried]
+            if not candidates:
+                return None
+            self._turn += 1
+            return candidates[self._turn % len(candidates)]
+        chosen = self.affinity.choose(self.replicas, tried, chain) if chain else False
+        if chosen is False:  # no prefix seen before: the power of two choices on load
+            chosen = pick(self.replicas, tried)
+        if chosen is not None and chain:
+            self.affinity.record(chosen, chain)
+        return chosen
 
     def failed(self, replica: Replica, why: str) -> None:
         """A request to `replica` failed (logged with its address; enough take it out)."""

@@ -26,6 +26,9 @@ class ConfigError(ValueError):
     """A config file that cannot be served: the message names the file, entry and field."""
 
 
+Balancing = Literal["prefix", "load", "round-robin"]
+"""How a remote model's replica is chosen: "prefix" (affinity, then load), "load" (the
+power of two choices on load alone) or "round-robin" (in turn, for comparison)."""
 UpstreamApi = Literal["tgi", "openai"]
 """What a remote model's upstreams speak: "tgi" is TGI's routes and OpenAI's (TGI,
 Switchyard); "openai" is OpenAI's only (vLLM, llama.cpp's server, other compatible ones)."""
@@ -52,6 +55,10 @@ class RemoteEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """How often each replica's `/metrics` is read for its queue depth (0.05 to 0.5)."""
     timeout_s: float = 300.0
     """Longest wait for the next byte from a replica (connecting: at most 5 s)."""
+    balancing: Balancing = "prefix"
+    """How the replica is chosen (models/balancer.py, models/affinity.py)."""
+    affinity_max_spread: int = 8
+    """Prefix affinity is followed while the replicas' loads differ by at most this."""
     api_key_env: str | None = None
     """The environment variable holding the upstreams' API key, sent to them as
     `Authorization: Bearer <key>` (the key itself never goes in the file)."""
@@ -81,6 +88,9 @@ def remote_entry(where: str, values: dict[str, Any], max_concurrent_requests: in
     if local:
         raise ConfigError(f"{where}: field `{local[0]}` does not apply to a model served by "
                           f"`upstreams` (known: {', '.join(REMOTE_FIELDS)})")
+    if values.get("balancing", "prefix") not in ("prefix", "load", "round-robin"):
+        raise ConfigError(f"{where}: field `balancing` must be one of prefix, load or "
+                          f"round-robin, not {values['balancing']!r}")
     if values.get("api", "tgi") not in ("tgi", "openai"):
         raise ConfigError(f"{where}: field `api` must be one of tgi (TGI's and OpenAI's routes: "
                           f"TGI, Switchyard) or openai (OpenAI's only: vLLM...), not "
@@ -99,7 +109,8 @@ def remote_entry(where: str, values: dict[str, Any], max_concurrent_requests: in
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{where}: field `upstreams` lists a URL twice")
     checks = (("max_concurrent_requests", 1, None), ("max_failures", 1, None),
-              ("cooldown_s", 0, None), ("metrics_interval_s", 0.05, 0.5), ("timeout_s", 0.01, None))
+              ("cooldown_s", 0, None), ("metrics_interval_s", 0.05, 0.5), ("timeout_s", 0.01, None),
+              ("affinity_max_spread", 0, None))
     for field, low, high in checks:
         value = getattr(entry, field)
         if value < low or (high is not None and value > high):

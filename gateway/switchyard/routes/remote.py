@@ -3,7 +3,8 @@
 The body goes as the client sent it (OpenAI's `model` rewritten to the name
 the replica serves); the answer comes back as the replica sent it: a JSON
 body whole, a stream event by event as each arrives (never held until the
-end). A replica is chosen by `models/balancer.py`; a connection error, a 5xx,
+end). A replica is chosen by the model (`models/affinity.py` on the prompt's
+prefix, else `models/balancer.py` on load); a connection error, a 5xx,
 a timeout or an answer that is not JSON or SSE before anything reached the
 client is retried on another replica, each tried once. After the first event
 went out, a failure ends the stream with an error event in the route's API
@@ -24,7 +25,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from switchyard.errors import ApiError, validation_error
-from switchyard.models.balancer import pick
+from switchyard.models.affinity import prefix_chain
 from switchyard.models.remote import RemoteModel
 from switchyard.models.upstream import Replica
 from switchyard.protocol import tgi
@@ -135,9 +136,11 @@ async def _open(model: RemoteModel, api: Api, path: str, raw: bytes, stream: boo
     document: dict[str, Any] | None = None
     if api == "openai":
         document = msgspec.json.decode(raw)  # valid: the route decoded it already
+    chain = prefix_chain(_prompt_bytes(document, raw)) \
+        if model.entry.balancing == "prefix" else []
     tried: list[Replica] = []
     last: _Failure | None = None
-    while (replica := pick(model.replicas, tried)) is not None:
+    while (replica := model.choose(tried, chain)) is not None:
         tried.append(replica)
         headers = {"content-type": "application/json", **model.entry.auth_headers()}
         body = raw
@@ -203,6 +206,34 @@ async def _attempt(model: RemoteModel, replica: Replica, path: str, body: bytes,
             raise
         raise _Failure(f"broken answer ({exc if isinstance(exc, Garbage) else type(exc).__name__})"
                        ) from None
+
+
+def _prompt_bytes(document: dict[str, Any] | None, raw: bytes) -> bytes:
+    """What a request's prompt begins with, as bytes, for prefix affinity: OpenAI's messages
+    (role and text of each, in order) or prompt, TGI's `inputs`."""
+    if document is None:  # TGI's routes: the body was checked by the route, not decoded
+        try:
+            document = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return b""
+    if not isinstance(document, dict):
+        return b""
+    messages = document.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: text, and images by their URL
+                content = "".join(str(part.get("text") or part.get("image_url") or "")
+                                  for part in content if isinstance(part, dict))
+            parts.append(f"{message.get('role')}\x1f{content}\x1e")
+        return "".join(parts).encode()
+    prompt = document.get("prompt", document.get("inputs"))
+    if isinstance(prompt, list):  # several prompts, or token ids: the first one leads
+        prompt = prompt[0] if prompt else ""
+    return prompt.encode() if isinstance(prompt, str) else str(prompt).encode()
 
 
 def _check_json(content: bytes) -> None:
