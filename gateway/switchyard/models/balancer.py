@@ -6,7 +6,8 @@ reported). Against "always the least loaded" it avoids sending a burst of
 requests to the same replica between two scrapes, whose load figure lags;
 against random choice it keeps the longest queue short (Mitzenmacher's
 result: the maximum load drops from log n / log log n to log log n).
-Prefix affinity is not done here yet (docs/routing.md).
+Prefix affinity, which comes first for models that balance on prefixes, is
+`models/affinity.py`; this is its fallback and the whole of `balancing = "load"`.
 """
 
 from __future__ import annotations
