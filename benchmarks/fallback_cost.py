@@ -10,13 +10,13 @@ process (two engines in one process would share the cores between two
 OpenMP pools). Decode tokens/s is measured over decode-only steps (the
 engine's step reports), so prefill does not count.
 
-``--batching`` also measures the choice the fallback runner makes: one
-decode step of N sequences as N forwards on their own caches, against one
-padded forward over a batched cache (with and without merging the
-per-sequence caches into it and splitting them back, which a runner whose
-sequences join and leave between steps pays at every change of the batch).
+Each fallback configuration runs twice: as the engine runs it (decode rows
+in one left-padded forward over a batched cache, ``switchyard_xeon.fallback``)
+and with ``FallbackRunner.padded_decode`` off (``-per-seq``: one forward per
+sequence per step, the runner's other mode), so the table compares the two
+in one run.
 
-    .venv/bin/python benchmarks/fallback_cost.py --streams 1 8 --batching
+    .venv/bin/python benchmarks/fallback_cost.py --streams 1 8 32 --threads 1
 
 Not a timed test: one short run; the figures in docs/xeon.md name the machine.
 """
@@ -29,18 +29,24 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 for sub in ("gateway", "spec", "plugins/xeon", "plugins/quant"):
     sys.path.insert(0, str(ROOT / sub))
 
+PER_SEQUENCE = "padded_decode"
+"""A pseudo-option of this script (taken out before the engine sees the options): "off" turns
+the fallback runner's padded decode batch off."""
+
 CONFIGS = {
     "llama-paged": ("llama", {}),
     "llama-fallback": ("llama", {"forward": "fallback"}),
+    "llama-fallback-per-seq": ("llama", {"forward": "fallback", PER_SEQUENCE: "off"}),
     "bloom-fallback": ("bloom", {}),
+    "bloom-fallback-per-seq": ("bloom", {PER_SEQUENCE: "off"}),
     "stablelm-fallback": ("stablelm", {}),
+    "stablelm-fallback-per-seq": ("stablelm", {PER_SEQUENCE: "off"}),
 }
 
 
@@ -73,7 +79,10 @@ def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: i
     """Start an engine on ``folder``; decode tokens/s of one wave of ``streams`` requests."""
     from switchyard_spec import EngineConfig, EngineRequest, SamplingParams, StoppingParams
     from switchyard_xeon.engine import XeonEngine
+    from switchyard_xeon.fallback import FallbackRunner
 
+    options = dict(options)
+    FallbackRunner.padded_decode = options.pop(PER_SEQUENCE, "on") != "off"
     engine = XeonEngine(EngineConfig(model_path=folder, dtype="float32",
                                      options={"num_threads": str(threads), **options}))
     engine.start()
@@ -108,75 +117,20 @@ def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: i
     return {"decode_tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / len(steps)}
 
 
-def batching(folder: str, streams: int, context: int, threads: int, rounds: int = 5):
-    """ms per decode step of ``streams`` sequences: per-sequence forwards vs one padded batch."""
-    import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
+def machine() -> str:
+    """The CPU and its load, for the header (figures from a shared VM need both)."""
+    import os
 
-    torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    lengths = [context - 3 * i for i in range(streams)]  # unequal, as in a real batch
-    caches = []
-    with torch.inference_mode():
-        for n in lengths:
-            out = model(input_ids=torch.arange(10, 10 + n)[None], use_cache=True)
-            caches.append(out.cache)
-
-        def per_sequence():
-            for cache, n in zip(caches, lengths, strict=True):
-                model(input_ids=torch.tensor([[5]]), cache=cache,
-                      attention_mask=torch.ones(1, n + 1, dtype=torch.long),
-                      position_ids=torch.tensor([[n]]), use_cache=True, logits_to_keep=1)
-                cache.crop(-1)  # back to where it was: every round feeds the same step
-
-        width = max(lengths)
-        mask = torch.zeros(streams, width + 1, dtype=torch.long)
-        for i, n in enumerate(lengths):
-            mask[i, width - n:] = 1
-        positions = torch.tensor([[n] for n in lengths])
-
-        def merged() -> DynamicCache:
-            batched = DynamicCache()
-            for layer in range(len(caches[0].layers)):
-                keys = [c.layers[layer].keys for c in caches]
-                values = [c.layers[layer].values for c in caches]
-                pad = [width - k.shape[2] for k in keys]
-                k = torch.cat([torch.nn.functional.pad(t, (0, 0, p, 0)) for t, p in zip(keys, pad)])
-                v = torch.cat([torch.nn.functional.pad(t, (0, 0, p, 0))
-                               for t, p in zip(values, pad)])
-                batched.update(k, v, layer)
-            return batched
-
-        def padded(merge: bool, batched: list) -> None:
-            cache = merged() if merge else batched[0]
-            model(input_ids=torch.full((streams, 1), 5), cache=cache, attention_mask=mask,
-                  position_ids=positions, use_cache=True, logits_to_keep=1)
-            if merge:  # the new column back into each sequence's own cache
-                for layer in range(len(caches[0].layers)):
-                    k, v = cache.layers[layer].keys[:, :, -1:], cache.layers[layer].values[:, :, -1:]
-                    for i, c in enumerate(caches):
-                        c.layers[layer].keys = torch.cat([c.layers[layer].keys, k[i:i + 1]], 2)
-                        c.layers[layer].values = torch.cat([c.layers[layer].values,
-                                                            v[i:i + 1]], 2)
-                for c, n in zip(caches, lengths, strict=True):
-                    c.crop(-1)
-            else:
-                cache.crop(-1)
-
-        def best(fn) -> float:
-            times = []
-            for _ in range(rounds):
-                begin = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - begin)
-            return 1e3 * min(times)
-
-        kept = [merged()]
-        return {
-            "per_sequence_ms": best(per_sequence),
-            "padded_ms": best(lambda: padded(False, kept)),
-            "padded_with_merge_ms": best(lambda: padded(True, kept)),
-        }
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, load average {load}"
 
 
 def main() -> None:
@@ -189,7 +143,6 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--batching", action="store_true")
     parser.add_argument("--one", nargs=3, metavar=("FOLDER", "OPTIONS", "STREAMS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,6 +157,7 @@ def main() -> None:
         folder = workdir / family
         build(family, args.hidden, args.layers, args.vocab).save_pretrained(folder)
         folders[family] = str(folder)
+    print(f"machine: {machine()}")
     print(f"shape: hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, float32, "
           f"{args.threads} threads; prompts {args.prompt_tokens}, {args.new_tokens} new tokens")
     print("| configuration | " + " | ".join(f"{n} stream{'s' * (n > 1)} tok/s (ms/step)"
@@ -221,17 +175,7 @@ def main() -> None:
             result = json.loads(out.stdout.strip().splitlines()[-1])
             cells.append(f"{result['decode_tokens_per_s']:.0f} ({result['ms_per_step']:.1f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    if args.batching:
-        print("\none decode step, ms (best of 5): per-sequence forwards vs a padded batch")
-        for family in sorted(folders):
-            for streams in args.streams:
-                if streams < 2:
-                    continue
-                r = batching(folders[family], streams, args.prompt_tokens + args.new_tokens,
-                             args.threads)
-                print(f"{family}, {streams} sequences: per-sequence {r['per_sequence_ms']:.1f}, "
-                      f"padded {r['padded_ms']:.1f}, padded with merge and split "
-                      f"{r['padded_with_merge_ms']:.1f}")
+    print(f"\nafter the run: {machine()}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ model class that calls attention through that interface, accepts
 ``logits_to_keep``, and asks of attention nothing the engine's kernels lack
 (logit soft-capping, attention sinks). Every other causal LM that
 transformers runs takes the fallback (:mod:`switchyard_xeon.fallback`): the
-model's own attention over a per-sequence transformers cache.
+model's own attention over transformers' cache (prefills per sequence, decode
+rows in one left-padded batch where the model's cache allows).
 
 The choice is made from the config and the model class before any weights
 are read, because loading a model with an attention name its class does not
@@ -40,8 +41,8 @@ class ForwardPath:
         """The start-up log line's text."""
         if self.paged:
             return f"paged attention through transformers' attention interface ({self.reason})"
-        return (f"fallback: the model's own attention over a per-sequence cache, one forward "
-                f"per sequence per step ({self.reason})")
+        # How its decode rows run (padded batch or per sequence) is logged by the runner.
+        return f"fallback: the model's own attention over transformers' cache ({self.reason})"
 
 
 def class_unsupported(model_class: type, config: object) -> str:
