@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create the peer virtual environments used by benchmarks/compare_peers.py.
 #
-#   bash benchmarks/setup_peers.sh [vllm] [llamacpp]      (both when no argument)
+#   bash benchmarks/setup_peers.sh [vllm] [llamacpp] [litellm]   (vllm and llamacpp when none)
 #
 # Each peer lives in its own venv under .bench-venvs/ (git-ignored) so that its
 # torch and transformers never touch Switchyard's .venv. Everything runs under
@@ -47,6 +47,14 @@ setup_llamacpp() {
         "$src/vendor/llama.cpp/gguf-py"
     ln -sfn "$src/vendor/llama.cpp" "$v/llama.cpp"
     "$v/bin/python" -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__)"
+}
+
+setup_litellm() {
+    # LiteLLM's proxy, the router benchmarks/gateway_overhead.py compares with (pure Python).
+    local v=$VENVS/litellm
+    "$PY" -m venv "$v"
+    nice -n 19 "$v/bin/pip" install "litellm[proxy]==1.108.7"
+    "$v/bin/python" -c "import litellm; print('litellm ok')"
 }
 
 main() {
