@@ -28,9 +28,10 @@ def test_statistics_are_each_inputs_absmax_and_deterministic():
     prompts = [[1, 2, 3], [4, 5], [49, 0, 7, 7]]
     stats = calibration.collect_statistics(toy, prompts)
     assert set(stats) == {"fc1", "fc2"}
-    with torch.no_grad():
-        x = torch.cat([toy.embed(torch.tensor(p)) for p in prompts])
-        h = torch.relu(toy.fc1(x))
+    with torch.no_grad():  # per prompt, shaped as the forward passes ran: [1, tokens]
+        xs = [toy.embed(torch.tensor([p])) for p in prompts]
+        x = torch.cat([e[0] for e in xs])
+        h = torch.cat([torch.relu(toy.fc1(e))[0] for e in xs])
     assert torch.equal(stats["fc1"].absmax, x.abs().amax(0))
     assert torch.equal(stats["fc2"].absmax, h.abs().amax(0))
     assert stats["fc1"].tokens == stats["fc2"].tokens == 9
