@@ -122,6 +122,21 @@ def main() -> None:
               help="Pin the engine process to these CPUs, e.g. 0-3,8 (needs --engine-process).")
 @click.option("--payload-limit", envvar="PAYLOAD_LIMIT", type=int, default=2_000_000,
               show_default=True)
+@click.option("--image-hosts", envvar="SWITCHYARD_IMAGE_HOSTS", default="", metavar="HOSTS",
+              help="Hosts images in prompts may be fetched from over http(s), comma-separated: "
+                   "names, *.domain, IP addresses, or * for any public host. Default: none "
+                   "(data: URLs only). See docs/vision.md.")
+@click.option("--image-max-bytes", envvar="SWITCHYARD_IMAGE_MAX_BYTES",
+              type=click.IntRange(min=1), default=10_000_000, show_default=True,
+              help="The most bytes one image may have, encoded.")
+@click.option("--image-max-pixels", envvar="SWITCHYARD_IMAGE_MAX_PIXELS",
+              type=click.IntRange(min=1), default=4096 * 4096, show_default=True,
+              help="The most pixels (width x height) one image may have.")
+@click.option("--image-fetch-timeout", envvar="SWITCHYARD_IMAGE_FETCH_TIMEOUT",
+              type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds one http(s) image fetch may take, redirects included.")
+@click.option("--max-images", envvar="SWITCHYARD_MAX_IMAGES", type=click.IntRange(min=0),
+              default=8, show_default=True, help="The most images one request may carry.")
 @click.option("--api-key", envvar="API_KEY", default=None,
               help="Require `Authorization: Bearer <key>` on the generation routes.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,

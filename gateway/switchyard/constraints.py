@@ -15,14 +15,23 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
 
 The constraint's spec is canonical (compact JSON with sorted keys), so equal
 schemas share one compiled grammar in the engine's cache.
+
+OpenAI's `tools` become one structural-tag constraint (:func:`tools_constraint`):
+each function's `parameters` schema passes the checks above, and the calls are
+held to the model family's format (``switchyard.text.tool_calls``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from switchyard.errors import validation_error
+from switchyard.text.tool_calls import ToolFormat
 from switchyard_spec import Constraint, ConstraintKind
 
 MAX_GRAMMAR_BYTES = 64 * 1024
@@ -88,6 +97,12 @@ class ConstraintError(ValueError):
 
 def schema_constraint(schema: Any) -> Constraint:
     """A checked JSON-schema constraint; ``ConstraintError`` says what is wrong."""
+    spec, _ = _checked_schema(schema)
+    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=spec)
+
+
+def _checked_schema(schema: Any) -> tuple[str, Any]:
+    """A schema's canonical text and its xgrammar ``Grammar``, or ``ConstraintError``."""
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise ConstraintError("the schema must be a JSON object")
     import jsonschema
@@ -109,11 +124,11 @@ def schema_constraint(schema: Any) -> Constraint:
     from switchyard.engine.grammar import JSON_SEPARATORS
 
     try:
-        xgr.Grammar.from_json_schema(spec, any_whitespace=False, separators=JSON_SEPARATORS,
-                                     strict_mode=False)
+        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
+                                               separators=JSON_SEPARATORS, strict_mode=False)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
         raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
-    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=spec)
+    return spec, grammar
 
 
 def regex_constraint(pattern: Any) -> Constraint:
@@ -253,3 +268,108 @@ def engine_can_constrain(model: Any) -> bool:
     """Whether the served model's engine declares ``EngineSpec.constrained_decoding``."""
     spec = getattr(model, "engine_spec", None)
     return bool(getattr(spec, "constrained_decoding", False))
+
+
+# ----------------------------------------------------------------- tool calling
+
+MAX_TOOLS_GRAMMAR_BYTES = 256 * 1024
+"""Largest tool-calling grammar (every tool's arguments grammar and call format) a
+request may carry."""
+
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
+                                    "additionalProperties": False}
+"""A function declared without `parameters` takes none: its arguments are `{}`."""
+
+
+class ToolFunction(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool's function, checked: its name, its arguments' schema and their grammar."""
+
+    name: str
+    schema: str
+    """The arguments' JSON schema, canonical text."""
+    grammar: str
+    """The arguments' grammar (xgrammar EBNF for compact JSON)."""
+
+
+def tool_function(name: str, parameters: Any, strict: bool = False) -> ToolFunction:
+    """A function of `tools`, checked; ``ConstraintError`` says what is wrong.
+
+    Its `parameters` must be a JSON schema of type `object` that passes the
+    same checks as a `response_format` schema (and OpenAI's strict rules when
+    `strict`); absent, the function takes no arguments.
+    """
+    schema = EMPTY_PARAMETERS if parameters is None else parameters
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        got = schema.get("type") if isinstance(schema, dict) else type(schema).__name__
+        raise ConstraintError(f"schema must be a JSON Schema of 'type: \"object\"', got "
+                              f"'type: \"{got}\"'.")
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _tool_function(name, text, strict)
+
+
+@functools.lru_cache(maxsize=256)
+def _tool_function(name: str, schema_text: str, strict: bool) -> ToolFunction:
+    schema = json.loads(schema_text)
+    if strict:
+        problem = _strict_problem(schema)
+        if problem:
+            raise ConstraintError(problem)
+    spec, grammar = _checked_schema(schema)
+    return ToolFunction(name=name, schema=spec, grammar=_no_raw_controls(str(grammar)))
+
+
+_LENGTH_BOUND_CHARACTER = r'[^\"\\\r\n]'
+_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
+
+
+def _no_raw_controls(ebnf: str) -> str:
+    """Two fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
+
+    A string with `minLength`/`maxLength` takes characters from
+    ``[^"\\\r\n]``, which lets a raw control character (a tab) into a JSON
+    string, and that is not JSON: narrowed to the characters its other strings
+    allow. The untyped values (`basic_array`, `basic_object`) separate items
+    with ``", "`` whatever the separators asked for: made compact.
+    """
+    lines = []
+    for line in ebnf.replace(_LENGTH_BOUND_CHARACTER, _JSON_STRING_CHARACTER).splitlines():
+        if line.startswith(("basic_array_items", "basic_object_properties")):
+            line = line.replace('(", " ', '("," ')
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def tools_constraint(functions: Sequence[ToolFunction], fmt: ToolFormat, *,
+                     required: bool, parallel: bool) -> Constraint:
+    """The grammar of tool calls to ``functions`` in the model family's format ``fmt``.
+
+    ``required`` (OpenAI's `required`, or a named function with ``functions``
+    holding it alone): the text is one call, or with ``parallel`` one or more
+    calls separated by ``fmt.separator``, and nothing else. Otherwise
+    (`auto`): the text is free until the format's trigger, then a call to one of
+    ``functions``; after it, with ``parallel``, free text again (and more
+    calls), without, the end. Each call's arguments follow the function's
+    schema as compact JSON.
+    """
+    tags = [{"type": "tag", "begin": fmt.begin(f.name), "end": fmt.end,
+             "content": {"type": "grammar", "grammar": f.grammar}} for f in functions]
+    if required:
+        layout: dict[str, Any] = {"type": "tags_with_separator", "separator": fmt.separator,
+                                  "tags": tags, "at_least_one": True,
+                                  "stop_after_first": not parallel}
+    else:
+        layout = {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags,
+                  "at_least_one": False, "stop_after_first": not parallel}
+    spec = json.dumps({"type": "structural_tag", "format": layout}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+    size = len(spec.encode())
+    if size > MAX_TOOLS_GRAMMAR_BYTES:
+        raise ConstraintError(f"the tools' grammar is {size} bytes, more than the "
+                              f"{MAX_TOOLS_GRAMMAR_BYTES} allowed")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_structural_tag(spec)
+    except Exception as exc:  # noqa: BLE001
+        raise ConstraintError(f"cannot compile the tools' grammar: {_reason(exc)}") from None
+    return Constraint(kind=ConstraintKind.STRUCTURAL_TAG, spec=spec)

@@ -104,6 +104,7 @@ class SequenceRun:
             stopping=plan.stopping,
             prompt_logprobs=plan.prompt_logprobs,
             constraint=plan.constraint,
+            images=plan.images,
         )
         # The request's telemetry times each sequence: submit, first event, end.
         self._record = note_sequence(

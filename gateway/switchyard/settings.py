@@ -67,6 +67,17 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """Record no request or step telemetry (only to measure what telemetry costs)."""
     drain_timeout: float = 30.0
     """Seconds a SIGTERM waits for requests in flight before the server exits; 0: no drain."""
+    image_hosts: str = ""
+    """Hosts images may be fetched from over http(s), comma-separated (`switchyard.media.hosts`);
+    empty: none, `data:` URLs only."""
+    image_max_bytes: int = 10_000_000
+    """The most bytes one image may have, encoded."""
+    image_max_pixels: int = 4096 * 4096
+    """The most pixels (width x height) one image may have."""
+    image_fetch_timeout: float = 10.0
+    """Seconds one http(s) image fetch may take, redirects included."""
+    max_images: int = 8
+    """The most images one request may carry."""
 
 
 class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ from msgspec.structs import replace
 from switchyard.errors import ApiError, validation_error
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.settings import ServeSettings, TokenLimits
-from switchyard_spec import Constraint, SamplingParams, StoppingParams
+from switchyard_spec import Constraint, ImageInput, SamplingParams, StoppingParams
 
 # TGI validates the first 1024 new tokens against the total budget and re-queues
 # beyond; Switchyard's engines stop at the total budget instead, with "length".
@@ -42,6 +42,9 @@ class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
     score_only: bool = False
     """Score the prompt and hand back no generated token (OpenAI's `max_tokens: 0`): the
     engine runs for one token, which telemetry counts as none generated of none asked."""
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images, their placeholder tokens already in `prompt_ids`
+    (`switchyard.media`); empty for text."""
 
 
 def _sampling_enabled(p: GenerateParameters) -> bool:
@@ -148,13 +151,24 @@ def build_plan(
     logit_bias: tuple[tuple[int, float], ...] = (),
     include_stop: bool = True,
     constraint: Constraint | None = None,
+    images: tuple[ImageInput, ...] = (),
 ) -> GenerationPlan:
     """Apply truncation and the token limits, then build the engine's parameters.
 
     `presence_penalty` and `logit_bias` come from the OpenAI routes only (TGI's
-    parameters have neither); they arrive validated.
+    parameters have neither); they arrive validated. `images` are the prompt's
+    (`switchyard.media.encode_prompt`): their placeholder tokens are in
+    `prompt_ids` and count as input tokens; a `truncate` that would cut into
+    one is a 422.
     """
     if p.truncate is not None and len(prompt_ids) > p.truncate:
+        cut = len(prompt_ids) - p.truncate
+        if images and images[0].offset < cut:
+            raise validation_error(
+                f"`truncate` {p.truncate} would cut the prompt's image at token "
+                f"{images[0].offset}; the prompt has {len(prompt_ids)} tokens, images included",
+                param="truncate")
+        images = tuple(msgspec.structs.replace(i, offset=i.offset - cut) for i in images)
         prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the last tokens
     n_in = len(prompt_ids)
     if p.max_new_tokens is not None:
@@ -210,6 +224,7 @@ def build_plan(
         max_new_tokens_given=p.max_new_tokens is not None,
         prompt_logprobs=p.decoder_input_details,
         constraint=constraint,
+        images=images,
     )
 
 

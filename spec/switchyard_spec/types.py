@@ -79,14 +79,22 @@ class ConstraintKind(str, enum.Enum):
     """Any JSON object (OpenAI's ``json_object``); ``Constraint.spec`` is empty."""
     REGEX = "regex"
     """``Constraint.spec`` is a regular expression the whole text must match."""
+    STRUCTURAL_TAG = "structural_tag"
+    """``Constraint.spec`` is an xgrammar structural tag (JSON,
+    ``{"type": "structural_tag", "format": {...}}``, compiled with
+    ``GrammarCompiler.compile_structural_tag``): tool calling. Its JSON parts are
+    embedded as EBNF grammars (compact JSON, built by the gateway), and its
+    ``triggered_tags`` format leaves text free until a trigger string, then
+    holds it to one of the tags (a tool call) up to the tag's end string."""
 
 
 class Constraint(msgspec.Struct, frozen=True, kw_only=True):
     """A grammar the generated text must follow (structured output).
 
-    The gateway builds it from TGI's ``grammar`` or OpenAI's ``response_format``
-    after checking that the spec compiles and uses nothing the grammar engine
-    would silently ignore, so an engine may compile it without further checks.
+    The gateway builds it from TGI's ``grammar``, OpenAI's ``response_format``
+    or OpenAI's ``tools`` with ``tool_choice`` after checking that the spec
+    compiles and uses nothing the grammar engine would silently ignore, so an
+    engine may compile it without further checks.
     ``spec`` is canonical (a schema is re-serialised compactly with sorted
     keys), so equal constraints have equal ``spec`` and an engine may key a
     compile cache on ``(kind, spec)``.
@@ -104,7 +112,8 @@ class Constraint(msgspec.Struct, frozen=True, kw_only=True):
 
     kind: ConstraintKind
     spec: str = ""
-    """The schema's JSON text or the pattern; empty for ``JSON_OBJECT``."""
+    """The schema's JSON text, the pattern or the structural tag's JSON text; empty for
+    ``JSON_OBJECT``."""
 
 
 class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +127,43 @@ class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+
+
+class ImageInput(msgspec.Struct, frozen=True, kw_only=True):
+    """One image of a prompt, preprocessed by the gateway with the model's own processor.
+
+    The gateway fetches and decodes the image, runs the model folder's
+    transformers processor on it (resizing, normalising, tiling: what the
+    model was trained on) and expands the image's placeholder token into
+    ``length`` copies at ``prompt_token_ids[offset : offset + length]``. The
+    engine runs the model's vision tower (and projector) on ``pixel_values``
+    once, and puts the resulting ``length`` feature vectors, in order, at
+    those positions in place of the placeholders' embeddings.
+
+    ``content_hash`` names the pixels (a SHA-256 over ``pixel_values``,
+    ``shape`` and ``image_size``): equal hashes are equal images to the
+    model. An engine with prefix caching must key every cached block that
+    covers any placeholder position on the hashes of the images there as
+    well as on the token ids (the placeholder ids are equal for every image),
+    so two prompts with the same text and different images never share
+    cached blocks.
+    """
+
+    offset: int
+    """Index in ``EngineRequest.prompt_token_ids`` of the image's first placeholder token."""
+    length: int
+    """How many placeholder tokens (image features) the image takes; they count as prompt
+    tokens everywhere (limits, ``TokenEvent.prompt_tokens``)."""
+    content_hash: str
+    """Hex SHA-256 of the preprocessed pixels (see above)."""
+    pixel_values: bytes
+    """The processor's ``pixel_values`` for this one image: float32, little-endian, C order."""
+    shape: tuple[int, ...]
+    """The shape of ``pixel_values``, batch axis of 1 included, as the processor returned it
+    (Llava 1.5: ``(1, 3, H, W)``; Llava-Next: ``(1, tiles, 3, H, W)``)."""
+    image_size: tuple[int, ...] = ()
+    """The processor's ``image_sizes`` entry, ``(height, width)`` of the decoded image, for
+    models that need it (Llava-Next); empty for those whose processor gives none."""
 
 
 class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,6 +185,10 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     constraint: Constraint | None = None
     """A grammar the generated text must follow; None for free text. The gateway
     sends one only to engines whose ``EngineSpec.constrained_decoding`` is true."""
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images, in prompt order, their placeholders already in
+    ``prompt_token_ids`` (see ``ImageInput``). The gateway sends images only to
+    models whose ``ModelInfo.takes_images`` is true."""
 
 
 class TopToken(msgspec.Struct, frozen=True, array_like=True):
@@ -260,6 +310,11 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     device: str
+    takes_images: bool = False
+    """Whether the engine runs this model's vision tower, and so takes
+    ``EngineRequest.images`` (a vision-language model such as Llava-Next). The
+    gateway then loads the model folder's processor to prepare images, and
+    refuses images for models where this is false."""
 
 
 class WarmupReport(msgspec.Struct, frozen=True, kw_only=True):

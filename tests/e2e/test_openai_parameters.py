@@ -176,8 +176,9 @@ def test_tools_and_response_format_are_refused_by_name(server):
 
     base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    r = httpx.post(f"{server.url}/v1/chat/completions", json={**base, "tools": tools}, timeout=30)
-    assert r.status_code == 422 and r.json()["error"]["param"] == "tools"
+    r = httpx.post(f"{server.url}/v1/chat/completions",
+                   json={**base, "tools": tools, "tool_choice": "g"}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "tool_choice"
     r = httpx.post(f"{server.url}/v1/chat/completions",
                    json={**base, "response_format": {"type": "xml"}}, timeout=30)
     assert r.status_code == 422 and r.json()["error"]["param"] == "response_format"

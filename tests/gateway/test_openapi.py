@@ -108,6 +108,11 @@ DEVIATIONS: dict[str, str] = {
         "TGI's reply message reuses its request type TextMessage; a reply never carries "
         "tool_call_id (OpenAI's neither)"
     ),
+    "POST /v1/chat/completions 200 application/json .choices[].message.tool_calls[].function"
+    ".description": (
+        "TGI's reply call reuses its request type FunctionDefinition; a call the model made "
+        "has a name and arguments only (OpenAI's too)"
+    ),
     "POST /v1/chat/completions 200 text/event-stream .choices[].delta.tool_call_id": (
         "TGI's delta reuses its request type TextMessage; a delta never carries tool_call_id"
     ),

@@ -65,6 +65,8 @@ def compile_grammar(compiler: Any, constraint: Constraint) -> Any:
                                             separators=JSON_SEPARATORS, strict_mode=False)
     if constraint.kind is ConstraintKind.REGEX:
         return compiler.compile_regex(constraint.spec)
+    if constraint.kind is ConstraintKind.STRUCTURAL_TAG:
+        return compiler.compile_structural_tag(constraint.spec)
     raise ValueError(f"unknown constraint kind {constraint.kind!r}")
 
 

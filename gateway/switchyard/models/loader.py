@@ -112,6 +112,11 @@ def load_model(
             engine.set_step_observer(observer)
         log.info("model %s: warming up", model_id)
         report = engine.warmup()
+        vision = None
+        if info.takes_images:  # the gateway prepares images with the folder's own processor
+            from switchyard.media.processor import load_vision_processor
+
+            vision = load_vision_processor(path)
     except BaseException:
         engine.shutdown()
         raise
@@ -129,4 +134,5 @@ def load_model(
         admission=Admission(limit=entry.max_concurrent_requests),
         aliases=aliases,
         warmup=report,
+        vision=vision,
     )

@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from switchyard.engine_process import EngineProcess
 from switchyard.errors import ApiError, overloaded_error
@@ -33,6 +33,9 @@ from switchyard_spec import (
     TokenEvent,
     WarmupReport,
 )
+
+if TYPE_CHECKING:
+    from switchyard.media.processor import VisionProcessor
 
 log = logging.getLogger("switchyard.models")
 
@@ -172,6 +175,9 @@ class ServedModel:
     health probe succeeds again (TGI's backend health flag)."""
     warmup: WarmupReport | None = None
     """What the engine's warmup measured (time, token capacity), for metrics."""
+    vision: VisionProcessor | None = None
+    """The model folder's image processor, for a model whose engine takes images
+    (`ModelInfo.takes_images`); None for text-only models (`switchyard.media`)."""
     _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def check_available(self) -> None:

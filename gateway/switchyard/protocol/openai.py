@@ -78,6 +78,9 @@ class FunctionDefinition(msgspec.Struct, kw_only=True):
         description="JSON schema of the arguments (OpenAI's name).")] = None
     arguments: Annotated[Any, Meta(
         description="JSON schema of the arguments (TGI's name for `parameters`).")] = None
+    strict: Annotated[bool | None, Meta(
+        description="OpenAI's strict schema: every object closed (`additionalProperties: "
+                    "false`) with every property required, else a 422.")] = None
 
 
 class Tool(msgspec.Struct, kw_only=True):
@@ -165,7 +168,12 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
         description="Constrain the answer to JSON or a schema.")] = None
     tools: Annotated[list[Tool] | None, Meta(description="Tools the model may call.")] = None
     tool_choice: Annotated[str | NamedToolChoice | None, Meta(
-        description="`auto`, `none`, `required`, a function name, or a named function.")] = None
+        description="`auto` (the default with `tools`: text or calls, the model chooses), "
+                    "`none` (tools ignored), `required` (one call or more), a named "
+                    "function (a call to it), or a function's name (TGI).")] = None
+    parallel_tool_calls: Annotated[bool | None, Meta(
+        description="Whether the model may call several tools in one answer (default "
+                    "true); false: at most one call.")] = None
     tool_prompt: Annotated[str | None, Meta(
         description="TGI: text put before the tool definitions in the prompt.")] = None
 
@@ -241,16 +249,36 @@ class ChoiceLogprobs(msgspec.Struct):
     content: Annotated[list[TokenLogprob], Meta(description="One entry per generated token.")]
 
 
+class FunctionCallOut(msgspec.Struct):
+    """The function of a tool call the model made."""
+
+    name: Annotated[str, Meta(description="Function name.")]
+    arguments: Annotated[str, Meta(
+        description="The arguments as compact JSON text (an object valid against the "
+                    "function's `parameters`).")]
+
+
+class ToolCallOut(msgspec.Struct):
+    """A tool call the model made."""
+
+    id: Annotated[str, Meta(description="`call_` and 24 letters or digits.")]
+    function: Annotated[FunctionCallOut, Meta(description="The function called.")]
+    type: Annotated[str, Meta(description="Always `function`.")] = "function"
+
+
 class ChatMessageOut(msgspec.Struct):
     """The assistant's message in a chat answer."""
 
     role: Annotated[str, Meta(description="Always `assistant`.")]
-    content: Annotated[str | None, Meta(description="The generated text.")]
-    tool_calls: Annotated[list[ToolCall] | msgspec.UnsetType, Meta(
+    content: Annotated[str | None, Meta(
+        description="The generated text; null when the model called tools and wrote "
+                    "nothing else.")]
+    tool_calls: Annotated[list[ToolCallOut] | msgspec.UnsetType, Meta(
         description="Tools the model called; present only when it called one.")] = msgspec.UNSET
 
 
 FinishReasonOpenAI = Literal["stop", "length"]
+ChatFinishReason = Literal["stop", "length", "tool_calls"]
 
 _FINISH = "`stop` (EOS or a stop string) or `length`; null until a choice's last chunk."
 
@@ -262,7 +290,9 @@ class ChatChoice(msgspec.Struct):
     message: Annotated[ChatMessageOut, Meta(description="The generated message.")]
     logprobs: Annotated[ChoiceLogprobs | None, Meta(
         description="Token log-probabilities, when `logprobs` was true.")]
-    finish_reason: Annotated[FinishReasonOpenAI, Meta(description="`stop` or `length`.")]
+    finish_reason: Annotated[ChatFinishReason, Meta(
+        description="`stop` (EOS, a stop string, or a call to the function `tool_choice` "
+                    "named), `length`, or `tool_calls` (the model called tools).")]
 
 
 _ID = "Unique id of the answer; every chunk of a stream has the same one."
@@ -285,17 +315,23 @@ class ChatCompletion(msgspec.Struct):
 class FunctionDelta(msgspec.Struct, omit_defaults=True):
     """A fragment of a streamed tool call's function."""
 
-    arguments: Annotated[str, Meta(description="The next fragment of the arguments' JSON.")]
-    name: Annotated[str | None, Meta(description="Function name, in the first fragment.")] = None
+    arguments: Annotated[str, Meta(
+        description="The next fragment of the arguments' JSON (\"\" in a call's first "
+                    "chunk).")]
+    name: Annotated[str | None, Meta(
+        description="Function name, in the call's first chunk only.")] = None
 
 
-class DeltaToolCall(msgspec.Struct):
-    """A fragment of a tool call in a streamed chunk."""
+class DeltaToolCall(msgspec.Struct, omit_defaults=True):
+    """A fragment of a tool call in a streamed chunk: the call's first chunk has its
+    `id`, `type` and `function.name` (and empty `arguments`); later ones only
+    `index` and an `arguments` fragment."""
 
     index: Annotated[int, Meta(description="Which tool call of the message, from 0.")]
-    id: Annotated[str, Meta(description="Call id.")]
-    type: Annotated[str, Meta(description="Always `function`.")]
     function: Annotated[FunctionDelta, Meta(description="The function fragment.")]
+    id: Annotated[str | None, Meta(description="Call id, in the call's first chunk.")] = None
+    type: Annotated[str | None, Meta(
+        description="Always `function`, in the call's first chunk.")] = None
 
 
 class ChatDelta(msgspec.Struct, omit_defaults=True):
@@ -314,7 +350,9 @@ class ChatChunkChoice(msgspec.Struct):
     delta: Annotated[ChatDelta, Meta(description="What this chunk adds to the message.")]
     logprobs: Annotated[ChoiceLogprobs | None, Meta(
         description="Log-probabilities of this chunk's tokens, when `logprobs` was true.")]
-    finish_reason: Annotated[FinishReasonOpenAI | None, Meta(description=_FINISH)]
+    finish_reason: Annotated[ChatFinishReason | None, Meta(
+        description=_FINISH + " `tool_calls` when the model called tools; a stream with "
+                    "tools ends with an empty `delta` that carries it.")]
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -385,6 +423,10 @@ class ModelCard(msgspec.Struct):
     created: Annotated[int, Meta(description="Unix time the model was created (0: unknown).")]
     owned_by: Annotated[str, Meta(description="Owner (the hub organisation).")]
     object: Annotated[str, Meta(description="Always `model`.")] = "model"
+    input_modalities: Annotated[list[str], Meta(
+        description="What prompts may hold: `text`, and `image` for a vision-language model "
+                    "(`image_url` parts, markdown images).")] = msgspec.field(
+        default_factory=lambda: ["text"])
 
 
 class ModelList(msgspec.Struct):

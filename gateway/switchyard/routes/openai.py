@@ -30,8 +30,14 @@ async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
     it is a path.)
     """
     return oai.ModelList(data=[
-        oai.ModelCard(id=name, created=0, owned_by=_owner(m))
+        oai.ModelCard(id=name, created=0, owned_by=_owner(m), input_modalities=_modalities(m))
         for m in gw.registry.everything() for name in (m.name, *sorted(m.aliases))])
+
+
+def _modalities(model: AnyModel) -> list[str]:
+    """`text`, and `image` for a local model whose engine takes images."""
+    takes = not isinstance(model, RemoteModel) and model.info.takes_images
+    return ["text", "image"] if takes else ["text"]
 
 
 def _owner(model: AnyModel) -> str:

@@ -1,14 +1,16 @@
 """`POST /v1/chat/completions`: OpenAI chat, as one JSON body or as server-sent chunks.
 
 `n` choices are generated as independent sequences submitted together; their
-chunks interleave in a stream, each carrying its choice's `index`.
+chunks interleave in a stream, each carrying its choice's `index`. With tools
+(`switchyard.routes.openai_tools`) each choice's text is read into `tool_calls`,
+and its stream ends with an empty delta that carries the finish reason.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -21,13 +23,15 @@ from litestar.response import ServerSentEvent, Stream
 from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
+from switchyard.media import chat_images
 from switchyard.models.remote import RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
-from switchyard.routes.openai_plans import choice_count, plan_chat
+from switchyard.routes.openai_plans import choice_count, plan_chat_call
+from switchyard.routes.openai_tools import ToolSetup, ToolStreamer, tool_message
 from switchyard.state import Gateway
 from switchyard.validation import GenerationPlan, fan_out
 
@@ -62,6 +66,7 @@ class _ChatStream(msgspec.Struct, kw_only=True):
     fingerprint: str
     want_logprobs: bool
     include_usage: bool
+    tools: ToolSetup | None = None
 
 
 async def chat_response(
@@ -76,7 +81,10 @@ async def chat_response(
         return await remote.forward(target, "openai", "/v1/chat/completions", raw,
                                     bool(data.stream))
     model = gw.model(data.model)
-    plans = fan_out(plan_chat(gw, model, data), choice_count(data.n))
+    data, images = await chat_images(gw, model, data)  # image_url parts become ![](URL)
+    chat_plan = plan_chat_call(gw, model, data, images)
+    plans = fan_out(chat_plan.plan, choice_count(data.n))
+    tools = chat_plan.tools
     ident = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     want_logprobs = bool(data.logprobs)
@@ -88,6 +96,7 @@ async def chat_response(
             ident=ident, created=created, fingerprint=gw.system_fingerprint,
             want_logprobs=want_logprobs,
             include_usage=bool(data.stream_options and data.stream_options.include_usage),
+            tools=tools,
         )
         return sse(_chat_stream(model, plans, options))
     model.admission.acquire()
@@ -95,20 +104,24 @@ async def chat_response(
         results = await collect_all(start_all(model, plans, "chat"))
     finally:
         model.admission.release()
+    choices = []
+    for index, r in enumerate(results):
+        if tools is None:
+            message = oai.ChatMessageOut(role="assistant", content=r.finished.generated_text)
+            reason: oai.ChatFinishReason = finish_reason(r.finished.reason)
+        else:
+            message, reason = tool_message(tools, r.steps, r.finished)
+        choices.append(oai.ChatChoice(
+            index=index, message=message,
+            logprobs=chat_logprobs(model, r.steps) if want_logprobs else None,
+            finish_reason=reason,
+        ))
     body = oai.ChatCompletion(
         id=ident,
         created=created,
         model=model.name,
         system_fingerprint=gw.system_fingerprint,
-        choices=[
-            oai.ChatChoice(
-                index=index,
-                message=oai.ChatMessageOut(role="assistant", content=r.finished.generated_text),
-                logprobs=chat_logprobs(model, r.steps) if want_logprobs else None,
-                finish_reason=finish_reason(r.finished.reason),
-            )
-            for index, r in enumerate(results)
-        ],
+        choices=choices,
         usage=usage(results[0].finished.prompt_tokens, [r.finished for r in results]),
     )
     return Response(body, status_code=200)
@@ -133,17 +146,24 @@ async def _chat_stream(
     try:
         runs = start_all(model, plans, "chat-stream")
         for index in range(len(runs)):
-            role = oai.ChatDelta(role="assistant", content="")
+            # With tools the content is left out (null until there is text), so that a
+            # message that only calls tools accumulates to `content: null`.
+            role = (oai.ChatDelta(role="assistant") if o.tools is not None
+                    else oai.ChatDelta(role="assistant", content=""))
             yield chunk([oai.ChatChunkChoice(index=index, delta=role, logprobs=None,
                                              finish_reason=None)])
         finished: list[Finished] = []
+        streamers = [ToolStreamer(o.tools) for _ in runs] if o.tools is not None else []
         # Closed here, not left to the garbage collector: a client that goes away
         # must stop the sequences' reader tasks at once.
         async with aclosing(interleave(runs)) as steps:
             async for index, step in steps:
                 done = step.finished
                 lp = chat_logprobs(model, [step]) if o.want_logprobs else None
-                if step.text or done is not None or lp is not None:
+                if streamers:
+                    for text in _tool_chunks(streamers[index], index, step, lp, chunk):
+                        yield text
+                elif step.text or done is not None or lp is not None:
                     yield chunk([oai.ChatChunkChoice(
                         index=index, delta=oai.ChatDelta(content=step.text), logprobs=lp,
                         finish_reason=finish_reason(done.reason) if done else None,
@@ -158,6 +178,28 @@ async def _chat_stream(
         close_all(runs)
         model.admission.release()
     yield DONE
+
+
+def _tool_chunks(streamer: ToolStreamer, index: int, step: Step,
+                 lp: oai.ChoiceLogprobs | None,
+                 chunk: Callable[[list[oai.ChatChunkChoice]], str]) -> list[str]:
+    """A tool-calling choice's chunks for one step: its deltas (the step's logprobs on the
+    first, or on an empty delta when it has none), and at its end an empty delta with
+    the finish reason."""
+    deltas = streamer.feed(step)
+    reason: oai.ChatFinishReason | None = None
+    if step.finished is not None:
+        more, reason = streamer.finish(step.finished)
+        deltas += more
+    if lp is not None and not deltas:
+        deltas = [oai.ChatDelta()]
+    out = [chunk([oai.ChatChunkChoice(index=index, delta=delta,
+                                      logprobs=lp if i == 0 else None, finish_reason=None)])
+           for i, delta in enumerate(deltas)]
+    if reason is not None:
+        out.append(chunk([oai.ChatChunkChoice(index=index, delta=oai.ChatDelta(),
+                                              logprobs=None, finish_reason=reason)]))
+    return out
 
 
 @post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],

@@ -15,12 +15,14 @@ import msgspec
 
 from switchyard.constraints import engine_can_constrain, response_format_constraint
 from switchyard.errors import ApiError, validation_error
+from switchyard.media import ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.routes.completion_prompts import CompletionPrompt, completion_prompts
+from switchyard.routes.openai_tools import ToolSetup, chat_messages, template_tools, tool_setup
 from switchyard.state import Gateway
-from switchyard.text.chat import ChatMessage, ChatTemplateError, render_chat
+from switchyard.text.chat import ChatTemplateError, render_chat
 from switchyard.validation import GenerationPlan, build_plan, check_parameters
 from switchyard_spec import Constraint
 
@@ -153,29 +155,26 @@ def _message_text(message: oai.ChatMessageIn) -> str:
     return "".join(parts)
 
 
-def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest) -> str:
-    """The prompt text of a chat request: its messages through the model's chat template."""
+def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest,
+                tools: ToolSetup | None = None) -> str:
+    """The prompt text of a chat request: its messages (and ``tools``) through the model's
+    chat template."""
     if not req.messages:
         raise validation_error("`messages` cannot be empty", param="messages")
-    messages = [ChatMessage(role=m.role, content=_message_text(m)) for m in req.messages]
+    messages = chat_messages(model, req, _message_text, tools)
     try:
-        return render_chat(model.tokenizer, messages)
+        return render_chat(model.tokenizer, messages, tools=template_tools(tools))
     except ChatTemplateError as exc:
         raise ApiError(422, str(exc), "template_error") from exc
 
 
 def _reject_unsupported_chat_fields(req: oai.ChatCompletionRequest) -> None:
-    """Fields this server cannot honour yet get a 422 that names them, never silence."""
+    """Fields that cannot go together get a 422 that names them, never silence."""
     rf = req.response_format
     if req.tools is not None and rf is not None and (rf.type != "text" or rf.value is not None):
         # TGI's answer, even for `tools: []`.
         raise ApiError(422, "Tool error: Grammar and tools are mutually exclusive",
                        "tool_error", param="tools")
-    if req.tools and req.tool_choice != "none":
-        raise validation_error(
-            "`tools` are not supported by this server yet (only `tool_choice: \"none\"`)",
-            param="tools",
-        )
 
 
 def chat_constraint(model: ServedModel, req: oai.ChatCompletionRequest) -> Constraint | None:
@@ -196,8 +195,22 @@ def chat_constraint(model: ServedModel, req: oai.ChatCompletionRequest) -> Const
     return constraint
 
 
+class ChatPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated chat request: one choice's plan, and how it calls tools (if it does)."""
+
+    plan: GenerationPlan
+    tools: ToolSetup | None = None
+
+
 def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -> GenerationPlan:
     """Validate a chat request, render its template and tokenize it (one choice's plan)."""
+    return plan_chat_call(gw, model, req).plan
+
+
+def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
+                   images: ImageSet | None = None) -> ChatPlan:
+    """:func:`plan_chat`, with the request's tool calling (`tools`, `tool_choice`) and its
+    `images` (from `switchyard.media.chat_images`, which also rewrote its `image_url` parts)."""
     if not req.messages:
         raise validation_error("`messages` cannot be empty", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
@@ -205,6 +218,9 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
                                param="top_logprobs")
     _reject_unsupported_chat_fields(req)
     constraint = chat_constraint(model, req)
+    tools = tool_setup(model, req)
+    if tools is not None:
+        constraint = tools.constraint
     max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                   else req.max_tokens)
     params = to_parameters(SamplingFields(
@@ -215,12 +231,14 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     ))
     check_parameters(params, gw.settings)
     bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
-    ids = model.tokenizer.encode(chat_prompt(model, req), add_special_tokens=False)
-    return build_plan(
-        ids, params, model.limits, model.info.eos_token_ids,
+    prompt = encode_prompt(model, chat_prompt(model, req, tools), images,
+                           add_special_tokens=False, api="openai")
+    plan = build_plan(
+        prompt.ids, params, model.limits, model.info.eos_token_ids,
         presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
-        constraint=constraint,
+        constraint=constraint, images=prompt.images,
     )
+    return ChatPlan(plan=plan, tools=tools)
 
 
 class CompletionPlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -63,7 +63,9 @@ async def info(gw: NamedDependency[Gateway]) -> tgi.Info:
     return tgi.Info(
         model_id=model.model_id if model else (s.model_id or "loading"),
         model_sha=None,
-        model_pipeline_tag="text-generation",
+        # The hub's tag for a model that takes images with its text, as TGI reports it.
+        model_pipeline_tag=("image-text-to-text" if model and model.info.takes_images
+                            else "text-generation"),
         max_concurrent_requests=s.max_concurrent_requests,
         max_best_of=s.max_best_of,
         max_stop_sequences=s.max_stop_sequences,

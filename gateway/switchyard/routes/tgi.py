@@ -21,6 +21,7 @@ from switchyard import openapi
 from switchyard.constraints import engine_can_constrain, tgi_constraint
 from switchyard.errors import ApiError, validation_error
 from switchyard.generation import Completed, GeneratedToken, collect_all, start, start_all
+from switchyard.media import ImageSet, encode_prompt, tgi_images
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
@@ -53,8 +54,10 @@ def _parameters(request: tgi.GenerateRequest) -> tgi.GenerateParameters:
     return request.parameters or tgi.GenerateParameters(do_sample=True)
 
 
-def plan_tgi(gw: Gateway, model: ServedModel, request: tgi.GenerateRequest) -> GenerationPlan:
-    """Validate a TGI request in TGI's order and tokenize it."""
+def plan_tgi(gw: Gateway, model: ServedModel, request: tgi.GenerateRequest,
+             images: ImageSet | None = None) -> GenerationPlan:
+    """Validate a TGI request in TGI's order and tokenize it (with its `images`, fetched by
+    `switchyard.media.tgi_images`)."""
     params = _parameters(request)
     check_parameters(params, gw.settings)
     check_inputs(request.inputs, params, model.limits)
@@ -63,8 +66,9 @@ def plan_tgi(gw: Gateway, model: ServedModel, request: tgi.GenerateRequest) -> G
         if not engine_can_constrain(model):  # TGI's answer under --disable-grammar-support
             raise validation_error("grammar is not supported", param="grammar")
         constraint = tgi_constraint(params.grammar.type, params.grammar.value)
-    ids = model.tokenizer.encode(request.inputs, add_special_tokens=True)
-    return build_plan(ids, params, model.limits, model.info.eos_token_ids, constraint=constraint)
+    prompt = encode_prompt(model, request.inputs, images, add_special_tokens=True)
+    return build_plan(prompt.ids, params, model.limits, model.info.eos_token_ids,
+                      constraint=constraint, images=prompt.images)
 
 
 def _token(token: GeneratedToken) -> tgi.Token:
@@ -146,7 +150,7 @@ async def run_generate(
     """
     start_time = time.perf_counter()
     model = gw.model(model_name, "tgi")
-    plan = plan_tgi(gw, model, request)
+    plan = plan_tgi(gw, model, request, await tgi_images(gw, model, request.inputs))
     best_of = _parameters(request).best_of or 1
     validated = time.perf_counter()
     model.admission.acquire()
@@ -208,7 +212,7 @@ async def stream_events(gw: Gateway, request: tgi.GenerateRequest,
     try:
         model = gw.model(model_name, "tgi")
         _check_streamable(_parameters(request))
-        plan = plan_tgi(gw, model, request)
+        plan = plan_tgi(gw, model, request, await tgi_images(gw, model, request.inputs))
         model.admission.acquire()
     except ApiError as exc:
         yield _error_event(exc)

@@ -11,7 +11,7 @@ new one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jinja2
 import msgspec
@@ -20,10 +20,19 @@ from switchyard.text.tokenizer import TextTokenizer
 
 
 class ChatMessage(msgspec.Struct, frozen=True):
-    """One message of a conversation, its content already flattened to text."""
+    """One message of a conversation, its content already flattened to text.
+
+    Tool calling adds three optional fields, handed to the template only when
+    set (Hugging Face's message format): an assistant message's `tool_calls`
+    (`[{"id", "type": "function", "function": {"name", "arguments": {...}}}]`,
+    arguments as an object), a `tool` message's `tool_call_id`, and a `name`.
+    """
 
     role: str
     content: str
+    tool_calls: tuple[dict[str, Any], ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class ChatMessageLike(Protocol):
@@ -53,8 +62,12 @@ class ChatTemplateError(Exception):
 def render_chat(
     tokenizer: TextTokenizer,
     messages: Sequence[ChatMessageLike | tuple[str, str]],
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt text for `messages`, ready to tokenize without special tokens.
+
+    `tools` (Hugging Face's format, `[{"type": "function", "function": {...}}]`)
+    are handed to the template, which renders them if it knows how.
 
     Renders with `add_generation_prompt=True`. If the last message is from the
     assistant, the text ends right after that message's content (trailing
@@ -68,10 +81,11 @@ def render_chat(
     turns = [_as_message(message) for message in messages]
     if not turns:
         raise ChatTemplateError("the conversation has no messages")
-    conversation = [{"role": turn.role, "content": turn.content} for turn in turns]
+    conversation = [_as_dict(turn) for turn in turns]
+    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
     try:
         rendered = tokenizer.hf_tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
+            conversation, tokenize=False, add_generation_prompt=True, **extra
         )
     except Exception as error:  # noqa: BLE001 - templates are untrusted code
         # Whatever a template does wrong is the request's problem (422), never
@@ -93,6 +107,17 @@ def _continue_final_message(rendered: str, content: str) -> str:
     if index < 0:
         return rendered
     return rendered[: index + len(content)].rstrip()
+
+
+def _as_dict(turn: ChatMessage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls is not None:
+        message["tool_calls"] = list(turn.tool_calls)
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    if turn.name is not None:
+        message["name"] = turn.name
+    return message
 
 
 def _as_message(message: ChatMessageLike | tuple[str, str]) -> ChatMessage:

@@ -161,15 +161,17 @@ class Admission:
     """
 
     def __init__(self, limits: Limits, vocab_size: int, capacity_tokens: int,
-                 watermark: WatermarkConfig | None = None) -> None:
+                 watermark: WatermarkConfig | None = None, takes_images: bool = False) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
         self.capacity_tokens = capacity_tokens
         self.watermark = watermark if watermark is not None else WatermarkConfig()
+        self.takes_images = takes_images
+        """Whether the model runs images (:mod:`switchyard_xeon.vision`); else they are refused."""
 
     def build(self, request: EngineRequest, sink: EventSink) -> tuple[Sequence | None, str]:
         """The sequence for ``request``, or None and the reason it cannot be served."""
-        problem = request_problem(request, self.vocab_size)
+        problem = request_problem(request, self.vocab_size, self.takes_images)
         if problem is not None:
             return None, problem
         n = len(request.prompt_token_ids)

@@ -55,7 +55,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
-from switchyard_xeon import attention, machine, quantized
+from switchyard_xeon import attention, machine, quantized, vision
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -235,8 +235,14 @@ class XeonEngine(Engine):
                         f" over quantized weights (--quantize {method.name})" if method else "")
         # Paged attention or the fallback, decided before loading: a model class that does not
         # know the engine's attention name fails inside transformers when given it.
-        path = choose_path(self.config.model_path, forced_fallback=_option(
-            self.config.options, "forward", FORWARDS) == "fallback")
+        # A vision-language model (Llava-Next, Llava) takes the fallback with its images.
+        kind = vision.vision_model(self.config.model_path)
+        if kind is not None and method is not None:
+            raise EngineStartError(f"xeon engine: --quantize {method.name} is not supported for "
+                                   f"{kind.class_name} (vision-language) models yet")
+        path = (ForwardPath(False, f"{kind.class_name}: images through its vision tower")
+                if kind is not None else choose_path(self.config.model_path, forced_fallback=(
+                    _option(self.config.options, "forward", FORWARDS) == "fallback")))
         attn_name = attention.register() if path.paged else None
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         if method is not None and method.load is not None:
@@ -247,6 +253,9 @@ class XeonEngine(Engine):
                 self.config.model_path, method, self.config.options,
                 dtype=str(dtype).removeprefix("torch."), attn_implementation=attn_name)
             logger.info("--quantize %s: %s", method.name, checkpoint.source)
+        elif kind is not None:
+            loaded = vision.load_vision_lm(self.config.model_path, kind,
+                                           str(dtype).removeprefix("torch."))
         else:
             loaded = load_causal_lm(
                 self.config.model_path,
@@ -305,14 +314,15 @@ class XeonEngine(Engine):
             kernel is not None and dtype == torch.float32
             and shape.head_dim in attention.PREFILL_HEAD_DIMS) else None
         if cache is None:
-            self._runner = FallbackRunner(loaded.model, blocks)
+            runner = vision.VisionRunner if kind is not None else FallbackRunner
+            self._runner = runner(loaded.model, blocks)
         else:
             logger.info("prefill attention: %s", "native paged kernel (C++)"
                         if prefill is not None else "SDPA per sequence")
             self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
-                                    watermark)
+                                    watermark, takes_images=loaded.info.takes_images)
         return loaded.info
 
     def _bf16_dot_available(self) -> bool:
