@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from switchyard.engine.grammar import strict_json_ebnf
 from switchyard.errors import validation_error
 from switchyard.text.tool_calls import ToolFormat
 from switchyard_spec import Constraint, ConstraintKind
@@ -315,28 +316,7 @@ def _tool_function(name: str, schema_text: str, strict: bool) -> ToolFunction:
         if problem:
             raise ConstraintError(problem)
     spec, grammar = _checked_schema(schema)
-    return ToolFunction(name=name, schema=spec, grammar=_no_raw_controls(str(grammar)))
-
-
-_LENGTH_BOUND_CHARACTER = r'[^\"\\\r\n]'
-_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
-
-
-def _no_raw_controls(ebnf: str) -> str:
-    """Two fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
-
-    A string with `minLength`/`maxLength` takes characters from
-    ``[^"\\\r\n]``, which lets a raw control character (a tab) into a JSON
-    string, and that is not JSON: narrowed to the characters its other strings
-    allow. The untyped values (`basic_array`, `basic_object`) separate items
-    with ``", "`` whatever the separators asked for: made compact.
-    """
-    lines = []
-    for line in ebnf.replace(_LENGTH_BOUND_CHARACTER, _JSON_STRING_CHARACTER).splitlines():
-        if line.startswith(("basic_array_items", "basic_object_properties")):
-            line = line.replace('(", " ', '("," ')
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+    return ToolFunction(name=name, schema=spec, grammar=strict_json_ebnf(str(grammar)))
 
 
 def tools_constraint(functions: Sequence[ToolFunction], fmt: ToolFormat, *,

@@ -162,3 +162,20 @@ def test_grammar_end_finishes_with_eos_and_failed_compile_is_an_error(tokenizer)
     (error,) = support.apply(logits, [bad])
     assert error is not None and "compile" in error
     assert torch.equal(logits, before)
+
+
+def test_json_schema_strings_never_take_raw_control_characters(tokenizer):
+    """xgrammar 0.2.8 lets a length-bounded string take raw control characters (a tab, ESC),
+    which JSON forbids, and writes untyped arrays with ", "; the compiled schema refuses both."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 8},
+                                               "x": {"type": "array"}},
+              "required": ["s", "x"], "additionalProperties": False}
+    constraint = Constraint(kind=ConstraintKind.JSON_SCHEMA,
+                            spec=json.dumps(schema, sort_keys=True, separators=(",", ":")))
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    compiled = compile_grammar(xgr.GrammarCompiler(info), constraint)
+
+    for raw in ("\t", "\x1b", "\n"):
+        assert not xgr.GrammarMatcher(compiled).accept_string('{"s":"a' + raw)
+    assert xgr.GrammarMatcher(compiled).accept_string('{"s":"a b","x":[1,"2"]}')
+    assert not xgr.GrammarMatcher(compiled).accept_string('{"s":"ab","x":[1, ')

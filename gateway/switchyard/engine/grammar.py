@@ -55,14 +55,42 @@ COMPILE_TIMEOUT_S = 60.0
 """How long a sequence's first sample waits for its grammar before the sequence fails."""
 
 
+_LENGTH_BOUND_CHARACTER = r'[^\"\\\r\n]'
+_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
+
+
+def strict_json_ebnf(ebnf: str) -> str:
+    """Two fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
+
+    A string with `minLength`/`maxLength` takes characters from
+    ``[^"\\\r\n]``, which lets a raw control character (a tab, an escape) into
+    a JSON string, and that is not JSON: narrowed to the characters its other
+    strings allow. The untyped values (`basic_array`, `basic_object`) separate
+    items with ``", "`` whatever the separators asked for: made compact.
+    """
+    lines = []
+    for line in ebnf.replace(_LENGTH_BOUND_CHARACTER, _JSON_STRING_CHARACTER).splitlines():
+        if line.startswith(("basic_array_items", "basic_object_properties")):
+            line = line.replace('(", " ', '("," ')
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def json_schema_ebnf(schema: str) -> str:
+    """The grammar of compact JSON that follows ``schema`` (canonical text), as EBNF."""
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False,
+                                           separators=JSON_SEPARATORS, strict_mode=False)
+    return strict_json_ebnf(str(grammar))
+
+
 def compile_grammar(compiler: Any, constraint: Constraint) -> Any:
     """Compile ``constraint`` with an xgrammar ``GrammarCompiler`` (the options are fixed here)."""
     if constraint.kind is ConstraintKind.JSON_SCHEMA:
-        return compiler.compile_json_schema(constraint.spec, any_whitespace=False,
-                                            separators=JSON_SEPARATORS, strict_mode=False)
+        return compiler.compile_grammar(json_schema_ebnf(constraint.spec))
     if constraint.kind is ConstraintKind.JSON_OBJECT:
-        return compiler.compile_json_schema('{"type":"object"}', any_whitespace=False,
-                                            separators=JSON_SEPARATORS, strict_mode=False)
+        return compiler.compile_grammar(json_schema_ebnf('{"type":"object"}'))
     if constraint.kind is ConstraintKind.REGEX:
         return compiler.compile_regex(constraint.spec)
     if constraint.kind is ConstraintKind.STRUCTURAL_TAG:
