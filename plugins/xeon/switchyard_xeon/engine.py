@@ -71,6 +71,7 @@ from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.linears import pack_linears
+from switchyard_xeon.moe import MOE_CHOICES, group_experts
 from switchyard_xeon.model_paths import (
     ForwardPath,
     choose_path,
@@ -275,6 +276,11 @@ class XeonEngine(Engine):
             cache_dtype = dtype  # the model's own cache holds what its attention computes
         logger.info("path: %s; attention %s", path.describe(),
                     "switchyard_xeon" if path.paged else loaded.model.config._attn_implementation)
+        # Mixture-of-experts layers as linears the packing below takes (switchyard_xeon/moe.py).
+        moe_report = group_experts(loaded.model, _option(self.config.options, "moe", MOE_CHOICES),
+                                   f"--quantize {method.name}" if method is not None else "")
+        if moe_report.describe():
+            logger.info("mixture of experts: %s", moe_report.describe())
         statistics = None
         if method is not None and method.calibration is not None and w8a8:
             from switchyard.engine.calibration import calibrate
