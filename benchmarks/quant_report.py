@@ -14,6 +14,11 @@ position. Against the ``none`` engine it reports:
 - linear-weight bytes (packed, scales included);
 - decode tokens/s at batch 1 and 32 (greedy, EOS ignored).
 
+Method ``gptq`` is a checkpoint, not a ``--quantize`` flag: the model is first
+written by ``switchyard quantize --method int4 --gptq`` (group 128, as
+``int4``) with 16 calibration texts cut from the training split, and that
+folder is served (its ``quantization_config`` picks the reader).
+
 Methods run one after another in fresh processes (two engines in one
 process would share one OpenMP pool). Writes ``quant_report.json`` and
 ``quant_report.png`` to ``--out``.
@@ -106,7 +111,8 @@ def measure(method: str, model: Path, windows: int, length: int, threads: int,
     from switchyard_xeon.engine import XeonEngine
 
     host = PluginHost.from_entry_points()
-    name = None if method == "none" else method
+    # gptq: the folder's quantization_config names its reader, as `switchyard serve` finds it.
+    name = host.detect_quantization(None if method in ("none", "gptq") else method, model)
     quantization = host.resolve_quantization(name, host.engines()["xeon"])
     engine = XeonEngine(EngineConfig(
         model_path=str(model), dtype="auto", quantize=name, quantization=quantization,
@@ -138,6 +144,25 @@ def compare(base: dict, other: dict) -> dict[str, float]:
             "positions": int(pb.shape[0])}
 
 
+def gptq_folder(model: Path, out: Path) -> Path:
+    """``model`` written by ``switchyard quantize --gptq``, calibrated on training texts."""
+    from train_accuracy_model import corpus_files
+
+    folder = out / "gptq-model"
+    if (folder / "config.json").exists():
+        return folder
+    train, _ = corpus_files()
+    texts = []
+    for path in train[:: max(1, len(train) // 16)][:16]:
+        text = Path(path).read_text(errors="replace")
+        texts.append(json.dumps({"text": text[len(text) // 3:][:1200]}))
+    calibration = out / "calibration.jsonl"
+    calibration.write_text("\n".join(texts) + "\n")
+    subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize", str(model), str(folder),
+                    "--method", "int4", "--gptq", "--calibration", str(calibration)], check=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True)
@@ -161,7 +186,8 @@ def main() -> None:
         into = args.out / f"{method}.scores.pt"
         print(f"{method}: scoring {args.windows} x {args.length} tokens, then decoding", flush=True)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, __file__, "--model", str(args.model), "--one", method,
+        model = gptq_folder(args.model, args.out) if method == "gptq" else args.model
+        subprocess.run([sys.executable, __file__, "--model", str(model), "--one", method,
                         "--into", str(into), "--windows", str(args.windows), "--length",
                         str(args.length), "--threads", str(args.threads), "--streams",
                         args.streams], check=True)
