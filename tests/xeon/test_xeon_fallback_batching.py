@@ -392,16 +392,13 @@ def test_start_up_logs_padded_decode_and_why(served):
     assert engine._runner.mode.padded
 
 
-def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
-    """a runs 14 tokens; b joins at a's 2nd token and leaves after 5; c (a 33-token prompt in
-    16-token chunks, prompt log-probs) joins at a's 4th; e runs from the start and is aborted
-    at a's 6th; d joins when b finishes. Each against its own transformers reference."""
-    model, engine, _ = served
-    runner = engine._runner
-    joined, left = runner.rows_joined, runner.rows_left
+def join_and_leave(engine, new: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list]]:
+    """Five sequences over one engine, ``new[x]`` tokens each: a from the start; b joins at
+    a's 2nd token; c (a 33-token prompt in 16-token chunks, prompt log-probs) at a's 4th; e
+    runs from the start and is aborted at a's 6th; d joins when b finishes. Their prompts
+    and events."""
     prompts = {"a": _tokens(21, 1), "b": _tokens(6, 2), "c": _tokens(33, 3),
                "d": _tokens(11, 4), "e": _tokens(9, 5)}
-    new = {"a": 14, "b": 5, "c": 9, "d": 6, "e": 60}
     sink = Collector()
 
     def on_event(event):  # the loop thread: what it submits or aborts lands at the next step
@@ -422,6 +419,18 @@ def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
     engine.submit(_request("e", prompts["e"], new["e"]), on_event)
     events = {rid: sink.wait(rid) for rid in "abce"}
     events["d"] = sink.wait("d")
+    return prompts, events
+
+
+def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
+    """a runs 14 tokens; b joins at a's 2nd token and leaves after 5; c (a 33-token prompt in
+    16-token chunks, prompt log-probs) joins at a's 4th; e runs from the start and is aborted
+    at a's 6th; d joins when b finishes. Each against its own transformers reference."""
+    model, engine, _ = served
+    runner = engine._runner
+    joined, left = runner.rows_joined, runner.rows_left
+    new = {"a": 14, "b": 5, "c": 9, "d": 6, "e": 60}
+    prompts, events = join_and_leave(engine, new)
     assert events["e"][-1].finish_reason is FinishReason.ABORTED
     assert 6 <= len(token_ids(events["e"])) < new["e"]
     for rid, got in events.items():

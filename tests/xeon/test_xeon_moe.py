@@ -33,7 +33,7 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.moe import GroupedExperts, group_experts, layout_unsupported
 
 from tests import kernel_paths
-from tests.xeon.conftest import Collector, token_ids
+from tests.xeon.conftest import token_ids
 from tests.xeon.test_xeon_decoder import (
     _assert_greedy_near,
     _engine_tokens,
@@ -42,7 +42,7 @@ from tests.xeon.test_xeon_decoder import (
     _with_bf16_matmuls,
 )
 from tests.xeon.test_xeon_fallback import IDS, LAYERS, PROMPTS, _Records
-from tests.xeon.test_xeon_fallback_batching import _check_against_alone, _request, _tokens
+from tests.xeon.test_xeon_fallback_batching import _check_against_alone, join_and_leave
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen2_moe_norm")
 
@@ -191,29 +191,8 @@ def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
     16-token chunks, prompt log-probs) joins at a's 4th; e runs from the start and is aborted
     at a's 6th; d joins when b finishes. Each against its own transformers reference."""
     model, engine, _ = served
-    prompts = {"a": _tokens(21, 1), "b": _tokens(6, 2), "c": _tokens(33, 3),
-               "d": _tokens(11, 4), "e": _tokens(9, 5)}
     new = {"a": 12, "b": 4, "c": 7, "d": 5, "e": 60}
-    sink = Collector()
-
-    def on_event(event):  # the loop thread: what it submits or aborts lands at the next step
-        sink(event)
-        if event.request_id == "a":
-            count = len(sink.events("a"))
-            if count == 2:
-                engine.submit(_request("b", prompts["b"], new["b"]), on_event)
-            elif count == 4:
-                engine.submit(_request("c", prompts["c"], new["c"], prompt_logprobs=True),
-                              on_event)
-            elif count == 6:
-                engine.abort("e")
-        elif event.request_id == "b" and event.finish_reason is not None:
-            engine.submit(_request("d", prompts["d"], new["d"]), on_event)
-
-    engine.submit(_request("a", prompts["a"], new["a"]), on_event)
-    engine.submit(_request("e", prompts["e"], new["e"]), on_event)
-    events = {rid: sink.wait(rid) for rid in "abce"}
-    events["d"] = sink.wait("d")
+    prompts, events = join_and_leave(engine, new)
     assert events["e"][-1].finish_reason is FinishReason.ABORTED
     for rid, got in events.items():
         assert all(e.error is None for e in got), rid
