@@ -14,10 +14,11 @@ position. Against the ``none`` engine it reports:
 - linear-weight bytes (packed, scales included);
 - decode tokens/s at batch 1 and 32 (greedy, EOS ignored).
 
-Method ``gptq`` is a checkpoint, not a ``--quantize`` flag: the model is first
-written by ``switchyard quantize --method int4 --gptq`` (group 128, as
-``int4``) with 16 calibration texts cut from the training split, and that
-folder is served (its ``quantization_config`` picks the reader).
+Methods ``gptq`` and ``rtn`` are checkpoints, not ``--quantize`` flags: the
+model is first written by ``switchyard quantize --method int4`` (group 128,
+as ``int4``; the LM head left as it is), ``gptq`` with ``--gptq`` and 16
+calibration texts cut from the training split, and that folder is served
+(its ``quantization_config`` picks the reader).
 
 Methods run one after another in fresh processes (two engines in one
 process would share one OpenMP pool). Writes ``quant_report.json`` and
@@ -112,7 +113,7 @@ def measure(method: str, model: Path, windows: int, length: int, threads: int,
 
     host = PluginHost.from_entry_points()
     # gptq: the folder's quantization_config names its reader, as `switchyard serve` finds it.
-    name = host.detect_quantization(None if method in ("none", "gptq") else method, model)
+    name = host.detect_quantization(None if method in ("none", "gptq", "rtn") else method, model)
     quantization = host.resolve_quantization(name, host.engines()["xeon"])
     engine = XeonEngine(EngineConfig(
         model_path=str(model), dtype="auto", quantize=name, quantization=quantization,
@@ -144,12 +145,17 @@ def compare(base: dict, other: dict) -> dict[str, float]:
             "positions": int(pb.shape[0])}
 
 
-def gptq_folder(model: Path, out: Path) -> Path:
-    """``model`` written by ``switchyard quantize --gptq``, calibrated on training texts."""
+def written_folder(model: Path, out: Path, gptq: bool) -> Path:
+    """``model`` written by ``switchyard quantize --method int4`` (round to nearest), or with
+    ``--gptq`` calibrated on training texts."""
     from train_accuracy_model import corpus_files
 
-    folder = out / "gptq-model"
+    folder = out / ("gptq-model" if gptq else "rtn-model")
     if (folder / "config.json").exists():
+        return folder
+    if not gptq:
+        subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize", str(model),
+                        str(folder), "--method", "int4"], check=True)
         return folder
     train, _ = corpus_files()
     texts = []
@@ -186,7 +192,8 @@ def main() -> None:
         into = args.out / f"{method}.scores.pt"
         print(f"{method}: scoring {args.windows} x {args.length} tokens, then decoding", flush=True)
         t0 = time.monotonic()
-        model = gptq_folder(args.model, args.out) if method == "gptq" else args.model
+        model = written_folder(args.model, args.out, method == "gptq") \
+            if method in ("gptq", "rtn") else args.model
         subprocess.run([sys.executable, __file__, "--model", str(model), "--one", method,
                         "--into", str(into), "--windows", str(args.windows), "--length",
                         str(args.length), "--threads", str(args.threads), "--streams",
