@@ -110,14 +110,21 @@ class ModelLimits(Protocol):
 
 
 def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int) -> TokenLimits:
-    """Fill unset limits from the model, as TGI does, and check they are coherent."""
-    total = settings.max_total_tokens or min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS)
+    """Fill unset limits from the model, as TGI does, and check they are coherent.
+
+    ``max_position_embeddings`` 0 means the model's config states no limit (Bloom's
+    ALiBi biases have none, MPT names it otherwise): only the default bounds it then.
+    """
+    known = max_position_embeddings > 0
+    total = settings.max_total_tokens or (
+        min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS) if known
+        else DEFAULT_MAX_TOTAL_TOKENS)
     inputs = settings.max_input_tokens or total - 1
     if inputs >= total:
         raise ValueError(
             f"--max-input-tokens ({inputs}) must be < --max-total-tokens ({total})"
         )
-    if total > max_position_embeddings:
+    if known and total > max_position_embeddings:
         raise ValueError(
             f"--max-total-tokens ({total}) exceeds the model's max_position_embeddings "
             f"({max_position_embeddings})"

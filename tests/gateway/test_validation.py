@@ -81,6 +81,12 @@ def test_resolve_token_limits():
         max_input_tokens=2047, max_total_tokens=2048)
     with pytest.raises(ValueError):
         resolve_token_limits(ServeSettings(max_input_tokens=10, max_total_tokens=10), 2048)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        resolve_token_limits(ServeSettings(max_total_tokens=4096), 2048)
+    # A config without a position limit (Bloom's ALiBi): the default bounds it, nothing else.
+    assert resolve_token_limits(ServeSettings(), 0) == TokenLimits(
+        max_input_tokens=4095, max_total_tokens=4096)
+    assert resolve_token_limits(ServeSettings(max_total_tokens=9000), 0).max_total_tokens == 9000
 
 
 @pytest.mark.parametrize(("sharded", "num_shard", "ranks"), [
