@@ -15,6 +15,7 @@ from switchyard.models.affinity import PrefixAffinity
 from switchyard.models.balancer import pick
 from switchyard.models.remote_config import RemoteEntry
 from switchyard.models.served import Admission
+from switchyard.models.relay import RelayPool
 from switchyard.models.upstream import Replica, ReplicaMonitor
 
 REMOTE_ENGINE = "remote"
@@ -23,11 +24,13 @@ REMOTE_ENGINE = "remote"
 
 @dataclass(eq=False)
 class RemoteModel:
-    """A model served by `replicas`, reached through the gateway's pooled `client`."""
+    """A model served by `replicas`, watched through the gateway's pooled `client`; the
+    requests it forwards go over its own keep-alive connections (`relay`)."""
 
     entry: RemoteEntry
     client: httpx.AsyncClient
     replicas: list[Replica] = field(default_factory=list)
+    relay: RelayPool = field(default_factory=RelayPool)
     admission: Admission = field(init=False)
     affinity: PrefixAffinity = field(init=False)
     _monitor: ReplicaMonitor = field(init=False)
@@ -93,5 +96,6 @@ class RemoteModel:
         self._monitor.start()
 
     async def stop(self) -> None:
-        """Stop watching the replicas."""
+        """Stop watching the replicas; close the idle relay connections."""
         await self._monitor.stop()
+        await self.relay.aclose()

@@ -5,8 +5,10 @@ the queue depth its own `/metrics` reported), its failures in a row, and
 whether it is out for a cool-down. A `ReplicaMonitor` task per remote model
 reads every replica's `/metrics` every `metrics_interval_s`, asks its
 `/v1/models` which model it serves until it knows, and probes the `/health`
-of a replica whose cool-down is over. All HTTP goes through one pooled
-`httpx.AsyncClient` per gateway (`new_client`).
+of a replica whose cool-down is over. Those go through one pooled
+`httpx.AsyncClient` per gateway (`new_client`); the requests a model forwards go
+over its own keep-alive connections (`models/relay.py`), which cost far less
+per request and per streamed event.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ _QUEUE_GAUGES = re.compile(
 
 
 def new_client() -> httpx.AsyncClient:
-    """The gateway's one pooled client for every upstream.
+    """The gateway's one pooled client for every replica's scrapes and probes.
 
-    No connection limit: this gateway's own permits bound what it sends, and a
-    cap here would queue requests inside httpx, out of sight of the balancer.
-    The read timeout is set per request (each model has its own `timeout_s`).
+    A few requests per replica per `metrics_interval_s`, one at a time each: no
+    connection limit is needed. Forwarded requests do not use it (`RelayPool`).
     """
     # httpx logs every request at INFO: a line per scrape, every 50-500 ms per replica,
     # would drown the server's log. Failures are logged here, with the replica's address.

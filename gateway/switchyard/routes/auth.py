@@ -38,8 +38,13 @@ def authorized(header: str | None, api_key: str) -> bool:
     return hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
-def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Litestar guard: pass when no key is configured or the request carries it."""
+async def require_api_key(connection: ASGIConnection[Any, Any, Any, Any],
+                          _: BaseRouteHandler) -> None:
+    """Litestar guard: pass when no key is configured or the request carries it.
+
+    Async on purpose: Litestar runs a sync guard in a worker thread, a thread hop
+    per generation request that cost a loaded gateway more than its whole relay.
+    """
     gateway: Gateway = connection.app.state["gateway"]
     api_key = gateway.settings.api_key
     if api_key and not authorized(connection.headers.get("authorization"), api_key):

@@ -27,6 +27,7 @@ from litestar.response import Stream
 from switchyard.errors import ApiError, validation_error
 from switchyard.models.affinity import prefix_chain
 from switchyard.models.remote import RemoteModel
+from switchyard.models.relay import RelayResponse
 from switchyard.models.upstream import Replica
 from switchyard.protocol import tgi
 from switchyard.routes.errors import openai_error_json
@@ -50,13 +51,13 @@ class _Opened:
     """A replica's answer once it can go to the client."""
 
     replica: Replica
-    answer: httpx.Response
+    answer: RelayResponse
     first: bytes
     """The whole body (not streamed), or the stream's first whole events."""
     cutter: EventCutter | None = None
     """Where the stream's next events are cut (streams only)."""
     chunks: AsyncIterator[bytes] | None = None
-    """The rest of the stream's bytes (streams only; httpx's iterator can be opened once)."""
+    """The rest of the stream's bytes (streams only; the iterator can be opened once)."""
 
 
 class _Failure(Exception):
@@ -170,12 +171,10 @@ async def _open(model: RemoteModel, api: Api, path: str, raw: bytes, stream: boo
 async def _attempt(model: RemoteModel, replica: Replica, path: str, body: bytes,
                    headers: dict[str, str], stream: bool) -> _Opened:
     """One try: the status line and what must arrive before the client is answered."""
-    client = model.client
-    timeout = httpx.Timeout(model.entry.timeout_s, connect=min(5.0, model.entry.timeout_s))
-    request = client.build_request("POST", replica.url + path, content=body, headers=headers,
-                                   timeout=timeout)
+    timeout = model.entry.timeout_s
     try:
-        answer = await client.send(request, stream=True)
+        answer = await model.relay.post(replica.url + path, body, headers, timeout,
+                                        min(5.0, timeout))
     except httpx.TimeoutException as exc:
         raise _Failure(f"no answer within the timeout ({type(exc).__name__})", 504) from None
     except httpx.HTTPError as exc:  # refused, reset, not HTTP
@@ -206,6 +205,9 @@ async def _attempt(model: RemoteModel, replica: Replica, path: str, body: bytes,
             raise
         raise _Failure(f"broken answer ({exc if isinstance(exc, Garbage) else type(exc).__name__})"
                        ) from None
+    except BaseException:  # cancelled (the client left): the connection is not reused
+        await answer.aclose()
+        raise
 
 
 def _prompt_bytes(document: dict[str, Any] | None, raw: bytes) -> bytes:
@@ -290,5 +292,5 @@ def _error_event(api: Api, err: ApiError) -> bytes:
     return b"data:" + openai_error_json(err) + b"\n\ndata: [DONE]\n\n"
 
 
-def _headers(answer: httpx.Response) -> dict[str, str]:
+def _headers(answer: RelayResponse) -> dict[str, str]:
     return {name: answer.headers[name] for name in _PASSED_HEADERS if name in answer.headers}
