@@ -49,6 +49,38 @@ from urllib.parse import urlsplit
 import httpx
 
 MODEL = "far"
+LITELLM_KEY = b"sk-bench-0123456789abcdef"
+"""The LiteLLM proxy's master key (it refuses to start without one)."""
+LITELLM = Path(__file__).resolve().parents[1] / ".bench-venvs" / "litellm" / "bin" / "litellm"
+"""Where `benchmarks/setup_peers.sh litellm` puts the proxy."""
+
+
+def start_litellm(replica: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """LiteLLM's proxy in front of `replica` (OpenAI's completions, as `MODEL`), offline."""
+    config = log.with_suffix(".yaml")
+    config.write_text(f"model_list:\n  - model_name: {MODEL}\n    litellm_params:\n"
+                      f"      model: text-completion-openai/tgi\n"
+                      f"      api_base: {replica}/v1\n      api_key: \"-\"\n")
+    port = _free_port()
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_MASTER_KEY": LITELLM_KEY.decode(), "LITELLM_LOG": "ERROR"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(LITELLM), "--config", str(config), "--port", str(port),
+                                 "--host", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"litellm exited: see {log}")
+        try:
+            if httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"litellm not ready: see {log}")
 
 
 def _pin(pid: int, cpus: str | None) -> None:
@@ -95,8 +127,10 @@ def serve(args: list[str], log: Path, env: dict[str, str]) -> tuple[subprocess.P
 class _Connection:
     """One keep-alive HTTP/1.1 connection to a server, its requests one after another."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: bytes = b"") -> None:
         parts = urlsplit(url)
+        self.headers = headers
+        """Extra header lines, each ending in CRLF (an API key)."""
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -105,14 +139,24 @@ class _Connection:
                    on_read: list[tuple[float, bytes]] | None = None) -> tuple[int, bytes]:
         """POST `body` as JSON: the status and the body. With `on_read`, each socket read of
         the body is appended to it with the time it arrived (a chunked body's framing removed)."""
-        if self.writer is None or self.writer.is_closing():
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
         payload = json.dumps(body).encode()
-        self.writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json"
-                          b"\r\ncontent-length: %d\r\n\r\n%s" % (
-                              path.encode(), self.host.encode(), self.port, len(payload), payload))
-        head = await self.reader.readuntil(b"\r\n\r\n")
+        request = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json"
+                   b"\r\n%scontent-length: %d\r\n\r\n%s" % (
+                       path.encode(), self.host.encode(), self.port, self.headers,
+                       len(payload), payload))
+        for fresh in (False, True):
+            if fresh or self.writer is None or self.writer.is_closing():
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            assert self.reader is not None and self.writer is not None
+            self.writer.write(request)
+            try:
+                head = await self.reader.readuntil(b"\r\n\r\n")
+                break
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                if fresh:  # a new connection that closes at once: the server is gone
+                    raise
+                # The server closed this idle keep-alive connection: once more on a new one.
+                self.writer.close()
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         headers = {k.strip().lower(): v.strip() for k, _, v in
@@ -229,23 +273,28 @@ def _cpu_s(pid: int | None) -> float:
 
 
 async def measure(replica: str, gateway: str, requests: int, streams: int, tokens: int,
-                  rounds: int, pids: dict[str, int | None] | None = None) -> dict[str, object]:
-    """Run every phase against both paths; the numbers as one record.
+                  rounds: int, pids: dict[str, int | None] | None = None,
+                  litellm: str | None = None) -> dict[str, object]:
+    """Run every phase against every path; the numbers as one record.
 
-    ``pids``: the replica's and the gateway's process ids, to count their CPU time."""
-    paths = {"direct": (replica, "tgi"), "gateway": (gateway, MODEL)}
+    ``pids``: the replica's, the gateway's (and LiteLLM's) process ids, to count their CPU
+    time. ``litellm``: a LiteLLM proxy serving the replica as `MODEL`, a third path."""
+    paths = {"direct": (replica, "tgi", b""), "gateway": (gateway, MODEL, b"")}
+    if litellm is not None:
+        paths["litellm"] = (litellm, MODEL, b"authorization: Bearer %s\r\n" % LITELLM_KEY)
     pids = pids or {}
-    processes = {"replica": pids.get("replica"), "gateway": pids.get("gateway")}
-    single = {name: _Connection(url) for name, (url, _) in paths.items()}
-    pools = {name: [_Connection(url) for _ in range(streams)] for name, (url, _) in paths.items()}
+    processes = {who: pids.get(who) for who in ("replica", "gateway", "litellm")}
+    single = {name: _Connection(url, auth) for name, (url, _, auth) in paths.items()}
+    pools = {name: [_Connection(url, auth) for _ in range(streams)]
+             for name, (url, _, auth) in paths.items()}
     try:
-        for name, (_, model) in paths.items():  # warm: connections, the engine's first steps
+        for name, (_, model, _) in paths.items():  # warm: connections, the engine's first steps
             for _ in range(5):
                 await _latency(single[name], model)
             await _throughput(pools[name], model, tokens, [], [])
         latency: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(requests):
-            for name, (_, model) in paths.items():
+            for name, (_, model, _) in paths.items():
                 latency[name].append(await _latency(single[name], model))
         made = {name: 0 for name in paths}
         took = {name: 0.0 for name in paths}
@@ -253,7 +302,7 @@ async def measure(replica: str, gateway: str, requests: int, streams: int, token
         per_read: dict[str, list[int]] = {name: [] for name in paths}
         cpu = {name: {who: 0.0 for who in (*processes, "client")} for name in paths}
         for _ in range(rounds):
-            for name, (_, model) in paths.items():
+            for name, (_, model, _) in paths.items():
                 before = {who: _cpu_s(pid) for who, pid in processes.items() if pid}
                 before["client"] = _cpu_s(None)
                 count, seconds = await _throughput(pools[name], model, tokens, gaps[name],
@@ -282,9 +331,13 @@ async def measure(replica: str, gateway: str, requests: int, streams: int, token
                                  for who, seconds in cpu[name].items()
                                  if who == "client" or processes.get(who)},
         }
-    added = [g - d for d, g in zip(latency["direct"], latency["gateway"], strict=True)]
-    out["added_latency_median_ms"] = statistics.median(added) * 1000
-    out["throughput_ratio"] = rate["gateway"] / rate["direct"]
+    for name in paths:
+        if name == "direct":
+            continue
+        added = [g - d for d, g in zip(latency["direct"], latency[name], strict=True)]
+        suffix = "" if name == "gateway" else f"_{name}"
+        out[f"added_latency_median_ms{suffix}"] = statistics.median(added) * 1000
+        out[f"throughput_ratio{suffix}"] = rate[name] / rate["direct"]
     return out
 
 
@@ -299,9 +352,13 @@ def main() -> None:
     parser.add_argument("--threads", default="1", help="The replica's engine num_threads.")
     parser.add_argument("--gateway-cpus", help="Pin the gateway to these CPUs, e.g. 1.")
     parser.add_argument("--replica-cpus", help="Pin the replica and this client, e.g. 0.")
+    parser.add_argument("--litellm", action="store_true",
+                        help="Also measure LiteLLM's proxy in front of the replica, a third "
+                             "path (benchmarks/setup_peers.sh litellm installs it).")
     parser.add_argument("--out", help="Write the record as JSON here too.")
     args = parser.parse_args()
     procs = []
+    litellm = None
     pids: dict[str, int | None] = {}
     logs = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
     replica, gateway = args.replica_url, args.gateway_url
@@ -322,8 +379,15 @@ def main() -> None:
             procs.append(proc)
             pids["gateway"] = proc.pid
             _pin(proc.pid, args.gateway_cpus)
+        if args.litellm:
+            if not LITELLM.exists():
+                raise SystemExit(f"no {LITELLM}: run benchmarks/setup_peers.sh litellm")
+            proc, litellm = start_litellm(replica, logs / "litellm.log")
+            procs.append(proc)
+            pids["litellm"] = proc.pid
+            _pin(proc.pid, args.gateway_cpus)
         record = asyncio.run(measure(replica, gateway, args.requests, args.streams,
-                                     args.new_tokens, args.rounds, pids))
+                                     args.new_tokens, args.rounds, pids, litellm))
         if args.gateway_cpus or args.replica_cpus:
             record["cpus"] = {"gateway": args.gateway_cpus, "replica": args.replica_cpus}
     finally:
