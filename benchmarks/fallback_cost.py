@@ -14,7 +14,8 @@ Each fallback configuration runs twice: as the engine runs it (decode rows
 in one left-padded forward over a batched cache, ``switchyard_xeon.fallback``)
 and with ``FallbackRunner.padded_decode`` off (``-per-seq``: one forward per
 sequence per step, the runner's other mode), so the table compares the two
-in one run.
+in one run. Each family also runs through transformers ``generate``
+(``-generate``: the same prompts in one batch), the reference for both paths.
 
     .venv/bin/python benchmarks/fallback_cost.py --streams 1 8 32 --threads 1
 
@@ -39,6 +40,10 @@ PER_SEQUENCE = "padded_decode"
 """A pseudo-option of this script (taken out before the engine sees the options): "off" turns
 the fallback runner's padded decode batch off."""
 
+GENERATE = "generate"
+"""A pseudo-option: the same waves through transformers ``generate`` (one batch of equal-length
+prompts, no padding), the reference every path is measured against."""
+
 CONFIGS = {
     "llama-paged": ("llama", {}),
     "llama-fallback": ("llama", {"forward": "fallback"}),
@@ -47,6 +52,9 @@ CONFIGS = {
     "bloom-fallback-per-seq": ("bloom", {PER_SEQUENCE: "off"}),
     "stablelm-fallback": ("stablelm", {}),
     "stablelm-fallback-per-seq": ("stablelm", {PER_SEQUENCE: "off"}),
+    "llama-generate": ("llama", {GENERATE: "on"}),
+    "bloom-generate": ("bloom", {GENERATE: "on"}),
+    "stablelm-generate": ("stablelm", {GENERATE: "on"}),
 }
 
 
@@ -74,6 +82,40 @@ def build(family: str, hidden: int, layers: int, vocab: int):
     raise KeyError(family)
 
 
+def _prompts(streams: int, prompt_tokens: int) -> list[tuple[int, ...]]:
+    return [tuple((7 * j + 13 * i) % 900 + 10 for j in range(prompt_tokens))
+            for i in range(streams)]
+
+
+def run_generate(folder: str, streams: int, prompt_tokens: int, new_tokens: int,
+                 threads: int) -> dict[str, float]:
+    """transformers ``generate`` on the same waves: decode tokens/s from the time of
+    ``new_tokens`` minus that of one token (the prefill), best of two."""
+    import time
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor(_prompts(streams, prompt_tokens))
+
+    def timed(n: int) -> float:
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    timed(2)  # first-use costs
+    seconds = timed(new_tokens) - timed(1)
+    steps = new_tokens - 1
+    return {"decode_tokens_per_s": streams * steps / seconds, "ms_per_step": 1e3 * seconds / steps}
+
+
 def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: int,
             new_tokens: int, threads: int) -> dict[str, float]:
     """Start an engine on ``folder``; decode tokens/s of one wave of ``streams`` requests."""
@@ -82,6 +124,8 @@ def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: i
     from switchyard_xeon.fallback import FallbackRunner
 
     options = dict(options)
+    if options.pop(GENERATE, None):
+        return run_generate(folder, streams, prompt_tokens, new_tokens, threads)
     FallbackRunner.padded_decode = options.pop(PER_SEQUENCE, "on") != "off"
     engine = XeonEngine(EngineConfig(model_path=folder, dtype="float32",
                                      options={"num_threads": str(threads), **options}))
@@ -101,8 +145,7 @@ def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: i
                 if event.finish_reason is not None or event.error is not None:
                     done.release()
 
-            for i in range(streams):
-                prompt = tuple((7 * j + 13 * i) % 900 + 10 for j in range(prompt_tokens))
+            for i, prompt in enumerate(_prompts(streams, prompt_tokens)):
                 engine.submit(EngineRequest(
                     request_id=f"{wave}{i}", prompt_token_ids=prompt, sampling=SamplingParams(),
                     stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True)), sink)
