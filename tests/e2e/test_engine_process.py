@@ -34,19 +34,22 @@ LIMITS = "max_total_tokens = 512\nmax_input_tokens = 400\n"
 
 
 def _model(name: str, path: Path, engine_process: bool) -> str:
-    return (f'[[models]]\nname = "{name}"\nmodel_id = "{path}"\nengine = "xeon"\n'
-            f'engine_options = {{ num_threads = 1 }}\nengine_process = '
+    return (f'[[models]]\nname = "{name}"\naliases = ["{name}-alias"]\nmodel_id = "{path}"\n'
+            f'engine = "xeon"\nengine_options = {{ num_threads = 1 }}\nengine_process = '
             f'{"true" if engine_process else "false"}\n{LIMITS}\n')
 
 
 @pytest.fixture(scope="module")
-def live(model_cache: Path, default_model_path: Path,
+def live(server: LiveServer, model_cache: Path, default_model_path: Path,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     folder = tmp_path_factory.mktemp("engine-process")
     config = folder / "models.toml"
     config.write_text(_model("inproc", default_model_path, False)
                       + _model("proc", default_model_path, True)
-                      + _model("other", default_model_path, True))
+                      + _model("other", default_model_path, True)
+                      # The same model served by another server (the session's): a remote one.
+                      + f'[[models]]\nname = "far"\naliases = ["faraway"]\n'
+                        f'upstreams = ["{server.url}"]\n')
     server = start_server(model_cache, folder, "--config", str(config), "--dtype", "float32",
                           timeout=300)
     yield server
@@ -92,7 +95,34 @@ def test_every_engine_process_runs_apart_from_the_server(live):
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [
             b"-m", b"switchyard.engine_process.child"]
     ids = [m["id"] for m in httpx.get(f"{live.url}/v1/models", timeout=30).json()["data"]]
-    assert ids == ["inproc", "proc", "other"]
+    assert ids == ["inproc", "inproc-alias", "proc", "proc-alias", "other", "other-alias",
+                   "far", "faraway"]
+
+
+@pytest.mark.parametrize("name", ["proc", "proc-alias", "other", "other-alias", "far",
+                                  "faraway"])
+def test_every_client_reaches_each_model_by_name_and_alias(live, server, name):
+    """Two engine processes and a remote model in one gateway: the OpenAI, TGI and Hugging
+    Face clients, streamed and not, get what the session server gives for the same model."""
+    from huggingface_hub import InferenceClient
+
+    prompt = PROMPTS[0]
+    want = Client(server.url, timeout=120).generate(prompt, max_new_tokens=8)
+    oai = openai.OpenAI(base_url=f"{live.url}/v1", api_key="-", timeout=120)
+    got = oai.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0)
+    assert got.choices[0].text == want.generated_text
+    chunks = oai.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0,
+                                    stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.generated_text
+    tgi = Client(live.url, headers={"X-Model": name}, timeout=120)
+    answer = tgi.generate(prompt, max_new_tokens=8)
+    assert [t.id for t in answer.details.tokens] == [t.id for t in want.details.tokens]
+    assert [e.token.id for e in tgi.generate_stream(prompt, max_new_tokens=8)] == \
+        [t.id for t in want.details.tokens]
+    hub = InferenceClient(base_url=live.url, headers={"X-Model": name}, timeout=120)
+    assert hub.text_generation(prompt, max_new_tokens=8) == want.generated_text
+    streamed = "".join(hub.text_generation(prompt, max_new_tokens=8, stream=True))
+    assert streamed == want.generated_text
 
 
 def test_tokens_are_those_of_the_in_process_engine(live):
