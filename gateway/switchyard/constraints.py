@@ -106,16 +106,24 @@ def _checked_schema(schema: Any) -> tuple[str, Any]:
     """A schema's canonical text and its xgrammar ``Grammar``, or ``ConstraintError``."""
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise ConstraintError("the schema must be a JSON object")
+    spec = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(spec.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"the schema is {len(spec.encode())} bytes, more than the "
+                              f"{MAX_GRAMMAR_BYTES} allowed")
+    return spec, _checked_schema_text(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_schema_text(spec: str) -> Any:
+    """The checks and the grammar of a canonical schema, once per schema: clients send the
+    same schema with every request, and checking it costs ~1-5 ms of the event loop."""
+    schema = json.loads(spec)
     import jsonschema
 
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ConstraintError(exc.message) from None
-    spec = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if len(spec.encode()) > MAX_GRAMMAR_BYTES:
-        raise ConstraintError(f"the schema is {len(spec.encode())} bytes, more than the "
-                              f"{MAX_GRAMMAR_BYTES} allowed")
     found = _unsupported(schema)
     if found:
         raise ConstraintError(f"{found} is not supported: the grammar engine would not "
@@ -125,11 +133,10 @@ def _checked_schema(schema: Any) -> tuple[str, Any]:
     from switchyard.engine.grammar import JSON_SEPARATORS
 
     try:
-        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
-                                               separators=JSON_SEPARATORS, strict_mode=False)
+        return xgr.Grammar.from_json_schema(spec, any_whitespace=False,
+                                            separators=JSON_SEPARATORS, strict_mode=False)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
         raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
-    return spec, grammar
 
 
 def regex_constraint(pattern: Any) -> Constraint:
