@@ -204,7 +204,8 @@ def main() -> None:
     rows = []
     for r in results:
         row = {"method": r["method"], "dtype": r["dtype"], **compare(base, r),
-               "linear_bytes": r["linear_bytes"], **{f"tok_s_{k}": v for k, v in r["tok_s"].items()}}
+               "linear_bytes": r["linear_bytes"],
+               **{f"tok_s_{k}": v for k, v in r["tok_s"].items()}}
         rows.append(row)
     base_ppl = rows[0]["perplexity"]
     print(f"\n| method | perplexity | vs {rows[0]['method']} | KL | top-1 agree | linear MiB | "

@@ -1,4 +1,4 @@
-"""Prefix affinity (models/affinity.py) and the remote model's choice of replica (models/remote.py)."""
+"""Prefix affinity (models/affinity.py) and how a remote model picks a replica (remote.py)."""
 
 from __future__ import annotations
 

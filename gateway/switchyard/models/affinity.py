@@ -51,7 +51,7 @@ class PrefixAffinity:
         self._sent: dict[str, OrderedDict[int, None]] = {}
 
     def matched(self, replica: Replica, chain: Sequence[int]) -> int:
-        """How many leading blocks of ``chain`` were last sent to ``replica`` (and not forgotten)."""
+        """How many leading blocks of ``chain`` were sent to ``replica`` and not forgotten."""
         seen = self._sent.get(replica.url)
         if not seen:
             return 0

@@ -53,7 +53,8 @@ def gptq_tensors(record: QuantizedWeight, v1: bool) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"in_features {k} is not a multiple of 8, which GPTQ's qweight needs")
     zeros = record.zero_points.long().T  # [G, N]
     scales = record.scales.T.to(torch.float16)
-    if not bool(torch.isfinite(scales).all()) or bool(((scales == 0) & (record.scales.T > 0)).any()):
+    flushed = (scales == 0) & (record.scales.T > 0)  # a scale float16 rounds to 0
+    if not bool(torch.isfinite(scales).all()) or bool(flushed.any()):
         raise CheckpointError("a scale is outside float16's range")
     return {"qweight": record.data.T.contiguous(),  # [K/8, N]: the same words, transposed
             "qzeros": pack_along_n(zeros - 1 if v1 else zeros),
@@ -62,7 +63,8 @@ def gptq_tensors(record: QuantizedWeight, v1: bool) -> dict[str, torch.Tensor]:
 
 
 def linear_names(folder: Path) -> tuple[list[str], str]:
-    """The model's ``nn.Linear`` modules but the LM head (built on the meta device), and its name."""
+    """The model's ``nn.Linear`` modules but the LM head (built on the meta device), and its
+    name."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(folder)
