@@ -277,3 +277,21 @@ def test_a_model_with_attention_sinks_goes_back_to_its_own_attention(tmp_path):
         assert _engine_tokens(engine, prompts, 6) == _generate(model, prompts, 6)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("forward", ["auto", "transformers"])
+def test_a_model_with_one_attention_head_is_served(tmp_path, forward):
+    """One head: q's head dimension has size 1, whose stride PyTorch leaves arbitrary; the
+    paged kernels must not refuse it (they did: "q's heads must be dense")."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(
+        intermediate_size=128, hidden_size=16, num_hidden_layers=2, num_attention_heads=1,
+        num_key_value_heads=1, max_position_embeddings=128, **IDS)).eval()
+    model.save_pretrained(tmp_path)
+    engine = _started(tmp_path, forward=forward)
+    try:
+        assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+    finally:
+        engine.shutdown()

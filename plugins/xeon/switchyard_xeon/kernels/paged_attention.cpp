@@ -206,7 +206,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
               "paged_decode_attention: block_tables and context_lens must be int32");
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
               "paged_decode_attention: one block table and length per query");
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
+  // A size-1 dimension's stride is arbitrary (one head: PyTorch keeps the view's stride).
+  TORCH_CHECK(q.stride(2) == 1 && (q.size(1) == 1 || q.stride(1) == q.size(2)),
               "paged_decode_attention: q's heads must be dense (any row stride)");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() &&
               block_tables.is_contiguous() && context_lens.is_contiguous(),

@@ -190,7 +190,8 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool
               "paged_prefill_attention: a float32 q over float32 or bfloat16 pools");
   TORCH_CHECK(q.size(2) == k_pool.size(3) && q.size(1) % k_pool.size(0) == 0,
               "paged_prefill_attention: head_dim or head counts do not match the pools");
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
+  // A size-1 dimension's stride is arbitrary (one head: PyTorch keeps the view's stride).
+  TORCH_CHECK(q.stride(2) == 1 && (q.size(1) == 1 || q.stride(1) == q.size(2)),
               "paged_prefill_attention: q's heads must be dense (any row stride)");
   for (const at::Tensor* t : {&block_tables, &context_lens, &query_starts, &query_lens}) {
     TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(),
