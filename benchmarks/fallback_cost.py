@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,10 +117,39 @@ def run_generate(folder: str, streams: int, prompt_tokens: int, new_tokens: int,
     return {"decode_tokens_per_s": streams * steps / seconds, "ms_per_step": 1e3 * seconds / steps}
 
 
+def decode_waves(engine, prompts: list[tuple[int, ...]], new_tokens: int,
+                 new_wave: Callable[[], None]) -> None:
+    """A warm wave, then a timed one, of greedy requests for ``prompts`` (EOS ignored), each
+    waited for; ``new_wave`` runs before each (to reset what a step observer gathers).
+    RuntimeError if any request failed."""
+    from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
+
+    errors: list[str] = []
+    for wave in ("warm", "timed"):
+        new_wave()
+        done = threading.Semaphore(0)
+
+        def sink(event, done=done):
+            if event.error is not None:
+                errors.append(event.error)
+            if event.finish_reason is not None or event.error is not None:
+                done.release()
+
+        for i, prompt in enumerate(prompts):
+            engine.submit(EngineRequest(
+                request_id=f"{wave}{i}", prompt_token_ids=tuple(prompt),
+                sampling=SamplingParams(),
+                stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True)), sink)
+        for _ in prompts:
+            done.acquire()
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]}")
+
+
 def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: int,
             new_tokens: int, threads: int) -> dict[str, float]:
     """Start an engine on ``folder``; decode tokens/s of one wave of ``streams`` requests."""
-    from switchyard_spec import EngineConfig, EngineRequest, SamplingParams, StoppingParams
+    from switchyard_spec import EngineConfig
     from switchyard_xeon.engine import XeonEngine
     from switchyard_xeon.fallback import FallbackRunner
 
@@ -131,30 +161,12 @@ def run_one(folder: str, options: dict[str, str], streams: int, prompt_tokens: i
                                      options={"num_threads": str(threads), **options}))
     engine.start()
     steps: list[tuple[int, float]] = []
-    errors: list[str] = []
     engine.set_step_observer(
         lambda r: steps.append((r.decode_tokens, r.seconds)) if r.method == "decode" else None)
     try:
-        for wave in ("warm", "timed"):
-            steps.clear()
-            done = threading.Semaphore(0)
-
-            def sink(event, done=done):
-                if event.error is not None:
-                    errors.append(event.error)
-                if event.finish_reason is not None or event.error is not None:
-                    done.release()
-
-            for i, prompt in enumerate(_prompts(streams, prompt_tokens)):
-                engine.submit(EngineRequest(
-                    request_id=f"{wave}{i}", prompt_token_ids=prompt, sampling=SamplingParams(),
-                    stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True)), sink)
-            for _ in range(streams):
-                done.acquire()
+        decode_waves(engine, _prompts(streams, prompt_tokens), new_tokens, steps.clear)
     finally:
         engine.shutdown()
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]}")
     tokens = sum(t for t, _ in steps)
     seconds = sum(s for _, s in steps)
     return {"decode_tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / len(steps)}

@@ -37,9 +37,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from fallback_cost import decode_waves, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 for sub in ("gateway", "spec", "plugins/xeon", "plugins/quant"):
@@ -100,7 +101,7 @@ def _prompts(streams: int, prompt_tokens: int) -> list[list[int]]:
 def run_engine(folder: str, moe: str, streams: int, prompt_tokens: int, new_tokens: int,
                threads: int) -> dict[str, float]:
     """Start an engine on ``folder``; decode tokens/s of one timed wave after a warm one."""
-    from switchyard_spec import EngineConfig, EngineRequest, SamplingParams, StoppingParams
+    from switchyard_spec import EngineConfig
     from switchyard_xeon.engine import XeonEngine
 
     engine = XeonEngine(EngineConfig(model_path=folder, dtype="bfloat16", options={
@@ -117,29 +118,10 @@ def run_engine(folder: str, moe: str, streams: int, prompt_tokens: int, new_toke
             steps.append((report.decode_tokens, report.seconds, experts))
 
     engine.set_step_observer(observe)
-    errors: list[str] = []
     try:
-        for wave in ("warm", "timed"):
-            steps.clear()
-            done = threading.Semaphore(0)
-
-            def sink(event, done=done):
-                if event.error is not None:
-                    errors.append(event.error)
-                if event.finish_reason is not None or event.error is not None:
-                    done.release()
-
-            for i, prompt in enumerate(_prompts(streams, prompt_tokens)):
-                engine.submit(EngineRequest(
-                    request_id=f"{wave}{i}", prompt_token_ids=tuple(prompt),
-                    sampling=SamplingParams(),
-                    stopping=StoppingParams(max_new_tokens=new_tokens, ignore_eos=True)), sink)
-            for _ in range(streams):
-                done.acquire()
+        decode_waves(engine, _prompts(streams, prompt_tokens), new_tokens, steps.clear)
     finally:
         engine.shutdown()
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]}")
     tokens = sum(t for t, _, _ in steps)
     seconds = sum(s for _, s, _ in steps)
     return {"tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / len(steps),
@@ -174,22 +156,6 @@ def run_generate(folder: str, experts: str, streams: int, prompt_tokens: int, ne
     return {"tokens_per_s": streams * (new_tokens - 1) / seconds,
             "ms_per_step": 1e3 * seconds / (new_tokens - 1),
             "experts_share": (full_experts - one_experts) / seconds}
-
-
-def machine() -> str:
-    """The CPU and its load, for the header (figures from a shared VM need both)."""
-    import os
-
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{model}, {os.cpu_count()} cores, load average {load}"
 
 
 def run_one(config: str, folder: str, streams: int, args: argparse.Namespace) -> dict[str, float]:
