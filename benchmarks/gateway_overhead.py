@@ -47,6 +47,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from switchyard.engine_process import parse_cpus
 
 MODEL = "far"
 LITELLM_KEY = b"sk-bench-0123456789abcdef"
@@ -69,28 +70,31 @@ def start_litellm(replica: str, log: Path) -> tuple[subprocess.Popen[bytes], str
                                  "--host", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT,
                                 env=env)
     url = f"http://127.0.0.1:{port}"
+    return _ready(proc, url, "/health/liveliness", log), url
+
+
+def _ready(proc: subprocess.Popen[bytes], url: str, path: str,
+           log: Path) -> subprocess.Popen[bytes]:
+    """`proc` once `url + path` answers 200 (SystemExit naming `log` if it exits or stalls)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"litellm exited: see {log}")
+            raise SystemExit(f"{proc.args[0]} exited: see {log}")
         try:
-            if httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200:
-                return proc, url
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                return proc
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.3)
     proc.kill()
-    raise SystemExit(f"litellm not ready: see {log}")
+    raise SystemExit(f"not ready after 300 s: see {log}")
 
 
 def _pin(pid: int, cpus: str | None) -> None:
     """Pin every thread of process `pid` to `cpus` ("0", "2-3", "0,2")."""
     if not cpus:
         return
-    chosen: set[int] = set()
-    for part in cpus.split(","):
-        low, _, high = part.partition("-")
-        chosen.update(range(int(low), int(high or low) + 1))
+    chosen = parse_cpus(cpus)
     for task in Path(f"/proc/{pid}/task").iterdir():
         os.sched_setaffinity(int(task.name), chosen)
 
@@ -110,18 +114,7 @@ def serve(args: list[str], log: Path, env: dict[str, str]) -> tuple[subprocess.P
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"server not ready: see {log}")
+    return _ready(proc, url, "/health", log), url
 
 
 class _Connection:
