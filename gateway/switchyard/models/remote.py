@@ -33,6 +33,8 @@ class RemoteModel:
     relay: RelayPool = field(default_factory=RelayPool)
     admission: Admission = field(init=False)
     affinity: PrefixAffinity = field(init=False)
+    auth: dict[str, str] = field(init=False)
+    """Headers every request to a replica carries (its API key, read once at start-up)."""
     _monitor: ReplicaMonitor = field(init=False)
     _turn: int = 0
 
@@ -41,9 +43,10 @@ class RemoteModel:
             self.replicas = [Replica(url) for url in self.entry.upstreams]
         self.admission = Admission(limit=self.entry.max_concurrent_requests)
         self.affinity = PrefixAffinity(max_spread=self.entry.affinity_max_spread)
+        self.auth = self.entry.auth_headers()
         self._monitor = ReplicaMonitor(self.client, self.replicas, self.entry.metrics_interval_s,
                                        self.entry.cooldown_s, self.entry.max_failures,
-                                       headers=self.entry.auth_headers())
+                                       headers=self.auth)
 
     @property
     def name(self) -> str:

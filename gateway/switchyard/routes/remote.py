@@ -143,7 +143,7 @@ async def _open(model: RemoteModel, api: Api, path: str, raw: bytes, stream: boo
     last: _Failure | None = None
     while (replica := model.choose(tried, chain)) is not None:
         tried.append(replica)
-        headers = {"content-type": "application/json", **model.entry.auth_headers()}
+        headers = {"content-type": "application/json", **model.auth}
         body = raw
         if document is not None:
             body = msgspec.json.encode({**document, "model": model.upstream_model(replica)})
