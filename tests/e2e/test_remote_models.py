@@ -148,6 +148,43 @@ def test_tgi_requests_for_an_openai_only_model_are_refused_in_tgis_format(gatewa
         list(Client(gateway.url, headers={"X-Model": "oa"}).generate_stream(PROMPT))
 
 
+def test_tokenize_routes_are_answered_by_a_replica(gateway, server):
+    body = {"inputs": PROMPT}
+    want = httpx.post(f"{server.url}/tokenize", json=body, timeout=30).json()
+    assert want and {"id", "text", "start", "stop"} <= set(want[0])
+    for name in ("far", "faraway"):
+        got = httpx.post(f"{gateway.url}/tokenize", json=body, headers={"X-Model": name},
+                         timeout=30)
+        assert got.status_code == 200 and got.json() == want
+    chat = {"model": "tgi", "messages": MESSAGES}
+    want_chat = httpx.post(f"{server.url}/chat_tokenize", json=chat, timeout=30).json()
+    got_chat = httpx.post(f"{gateway.url}/chat_tokenize", json={**chat, "model": "far"},
+                          timeout=30)
+    assert got_chat.status_code == 200 and got_chat.json() == want_chat
+    # OpenAI-only servers have neither route: TGI's 422, in TGI's format.
+    for path, kw in (("/tokenize", {"json": body, "headers": {"X-Model": "oa"}}),
+                     ("/chat_tokenize", {"json": {**chat, "model": "oa"}})):
+        refused = httpx.post(f"{gateway.url}{path}", timeout=30, **kw)
+        assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
+
+
+def test_health_lists_remote_models_whose_replicas_are_all_out(gateway):
+    deadline = time.monotonic() + 20
+    while True:  # `missing` is taken out after its failed requests and scrapes
+        httpx.post(f"{gateway.url}/v1/completions", timeout=30,
+                   json={"model": "missing", "prompt": "x", "max_tokens": 2})
+        answer = httpx.get(f"{gateway.url}/health", timeout=30)
+        assert answer.status_code == 200  # the other models serve
+        if answer.content and "missing" in answer.json().get("unreachable", {}):
+            break
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.2)
+    body = answer.json()
+    assert body["status"] == "degraded" and "far" not in body["unreachable"]
+    assert "replicas are out" in body["unreachable"]["missing"]
+    _no_address(answer.text)
+
+
 @pytest.mark.parametrize("model", ["garbage", "cut", "missing"])
 def test_broken_upstreams_answer_a_clear_error_in_each_apis_format(gateway, model):
     t0 = time.monotonic()

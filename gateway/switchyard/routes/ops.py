@@ -18,11 +18,15 @@ _UNHEALTHY = tgi.ErrorResponse(error="unhealthy", error_type="healthcheck")
 
 
 class Degraded(msgspec.Struct, frozen=True, kw_only=True):
-    """`/health`'s body when some models of a config file failed to load and the rest serve."""
+    """`/health`'s body when some models cannot serve and the rest do: models of a config
+    file that failed to load, and remote models whose every replica is out."""
 
     status: str = "degraded"
-    failed: dict[str, str]
-    """Each name of a model that failed -> why."""
+    failed: dict[str, str] = {}
+    """Each name of a model that failed to load -> why."""
+    unreachable: dict[str, str] = {}
+    """Each name of a remote model with no replica in service -> how many are out (their
+    addresses are in the log, not here)."""
 
 
 @get(["/health", "/ping"], summary="Readiness", tags=["Text Generation Inference"],
@@ -33,8 +37,9 @@ async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | D
 
     A model whose last generation failed is probed with a real 1-token
     generation, and the answer follows the probe (TGI's health check). Models
-    of a config file that failed to load are listed in a 200's body: the
-    others serve, so the server stays ready.
+    of a config file that failed to load, and remote models whose replicas are
+    all out, are listed in a 200's body: the others serve, so the server stays
+    ready.
     """
     if gw.draining:
         return Response(_UNHEALTHY, status_code=503)
@@ -43,8 +48,14 @@ async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | D
         ok = await model.check_health() and ok
     if not ok:
         return Response(_UNHEALTHY, status_code=503)
-    if gw.registry.failed:
-        return Response(Degraded(failed=dict(gw.registry.failed)), status_code=200)
+    unreachable = {
+        remote.name: f"all {len(remote.replicas)} replicas are out until their health "
+                     "checks pass"
+        for remote in gw.registry.remotes() if not any(r.available for r in remote.replicas)
+    }
+    if gw.registry.failed or unreachable:
+        return Response(Degraded(failed=dict(gw.registry.failed), unreachable=unreachable),
+                        status_code=200)
     return Response(b"", status_code=200)
 
 

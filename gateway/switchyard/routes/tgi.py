@@ -323,9 +323,13 @@ async def root_health(
       guards=[require_api_key], **openapi.TOKENIZE)
 async def tokenize_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
-    x_model: ModelHeader = None,
-) -> list[tgi.SimpleToken]:
-    """Tokenize `inputs` as the model sees them, with offsets into the text."""
+    request: Request[Any, Any, Any], x_model: ModelHeader = None,
+) -> list[tgi.SimpleToken] | Response[bytes]:
+    """Tokenize `inputs` as the model sees them, with offsets into the text (a remote
+    model's replica tokenizes: it holds the tokenizer)."""
+    target = remote.remote_target(gw, x_model, "tgi")
+    if target is not None:
+        return await remote.forward_tgi(target, "/tokenize", await request.body(), False)
     model = gw.model(x_model, "tgi")
     if not data.inputs:
         raise validation_error("`inputs` cannot be empty", param="inputs")
@@ -338,9 +342,17 @@ async def tokenize_route(
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
       tags=["Text Generation Inference"], guards=[require_api_key], **openapi.CHAT_TOKENIZE)
 async def chat_tokenize_route(
-    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest]
-) -> tgi.ChatTokenizeResponse:
-    """Render the chat template for `messages` and tokenize the result as chat requests are."""
+    gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest],
+    request: Request[Any, Any, Any],
+) -> tgi.ChatTokenizeResponse | Response[bytes]:
+    """Render the chat template for `messages` and tokenize the result as chat requests are
+    (a remote model's replica does both: it holds the template and the tokenizer)."""
+    target = remote.remote_target(gw, data.model, "openai")
+    if target is not None:
+        if not target.speaks_tgi:  # OpenAI-only servers have no /chat_tokenize
+            raise remote.refuse_tgi(target)
+        return await remote.forward(target, "openai", "/chat_tokenize", await request.body(),
+                                    False)
     model = gw.model(data.model)
     text = chat_prompt(model, data)
     spans = model.tokenizer.encode_with_offsets(text, add_special_tokens=False)
