@@ -14,9 +14,9 @@ module, on its compute thread, with xgrammar as the grammar engine:
   :func:`~switchyard.engine.lifecycle.finish_reason` ends the sequence when the
   matcher has terminated.
 - :meth:`GrammarSupport.apply`: before sampling, fills one preallocated bitmask
-  for the constrained rows only and adds -inf to every token they may not take
-  (:func:`token_penalties`), in place, before logit bias, penalties,
-  temperature and top-k/p.
+  for the constrained rows only and sets every token they may not take to -inf
+  (:func:`mask_logits`), in place, before logit bias, penalties, temperature
+  and top-k/p.
 
 Compiling starts when the engine first sees the sequence (its prefill step), so
 it overlaps the prefill forward pass; the sequence's first sample waits for
@@ -36,7 +36,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from switchyard_spec import Constraint, ConstraintKind, EngineRequest
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ def compile_grammar(compiler: Any, constraint: Constraint) -> Any:
 class GrammarState:
     """One sequence's grammar: its compile, then the matcher that follows its tokens."""
 
-    __slots__ = ("future", "matcher", "error", "_stop_ids", "_pending")
+    __slots__ = ("_pending", "_stop_ids", "error", "future", "matcher")
 
     def __init__(self, future: Future[Any], stop_ids: tuple[int, ...]) -> None:
         self.future = future
@@ -267,39 +266,97 @@ class GrammarSupport:
             raise ValueError(f"logits are {logits.shape[-1]} wide, the grammar's vocabulary "
                              f"{self.vocab_size}")
         bitmask = self._bitmask_rows(logits.shape[0])
+        masked: list[int] = []
         for i in constrained:
-            rows[i].grammar.matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
-        index = torch.tensor(constrained, dtype=torch.long)
-        words = bitmask.index_select(0, index)
-        dead = ~(words != 0).any(dim=1)
-        if bool(dead.any()):
-            for j in dead.nonzero().flatten().tolist():
-                errors[constrained[j]] = "the grammar allows no next token"
-            keep = ~dead
-            index, words = index[keep], words[keep]
-        if index.numel():
-            logits.index_add_(0, index, token_penalties(words, logits.shape[-1], logits.dtype))
+            # False: every token is allowed here (a free string's middle), nothing to mask.
+            if rows[i].grammar.matcher.fill_next_token_bitmask(bitmask, i):  # type: ignore[union-attr]
+                masked.append(i)
+        if masked:
+            index = torch.tensor(masked, dtype=torch.long)
+            dead = mask_logits(logits, bitmask.index_select(0, index), index)
+            for j in dead:
+                errors[masked[j]] = "the grammar allows no next token"
         return errors
 
 
-_BYTE_PENALTIES: dict[torch.dtype, torch.Tensor] = {}
+SPARSE_WORDS = 64
+"""A row whose bitmask has at most this many nonzero 32-token words (at most 2,048
+allowed tokens: JSON punctuation, keys, enum values) may be masked sparsely: its
+allowed logits are kept, the row is set to -inf, and they are put back. Denser
+rows (numbers, the inside of a string) take the additive penalties."""
+SPARSE_MIN_ROWS = 4
+"""The sparse path costs a few small tensor operations whatever the rows; it is
+taken when at least this many rows are sparse (each saves one penalty pass)."""
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def mask_logits(logits: torch.Tensor, words: torch.Tensor, index: torch.Tensor) -> list[int]:
+    """Set ``logits[index[j], t]`` to -inf for every token ``t`` whose bit in ``words[j]``
+    is 0, in place; the other logits are left exactly as they were.
+
+    ``words`` are xgrammar bitmask rows (int32, bit ``t % 32`` of word ``t // 32`` set
+    when token ``t`` is allowed), one per entry of ``index``, at least
+    ``logits.shape[-1]`` bits wide (bits past it are ignored). Rows with no allowed
+    token are left alone; their positions in ``index`` are returned.
+
+    Why two paths: most grammar states allow a few tokens, and for those writing
+    -inf over the whole row and restoring the allowed logits touches the row once;
+    a row that allows many tokens takes additive penalties (one table lookup per
+    mask byte, then one add), which touch it three times.
+    """
+    vocab = logits.shape[-1]
+    words = words.to(logits.device)
+    counts = (words != 0).sum(dim=1).tolist()
+    dead = [j for j, n in enumerate(counts) if n == 0]
+    sparse = [j for j, n in enumerate(counts) if 0 < n <= SPARSE_WORDS]
+    if len(sparse) < SPARSE_MIN_ROWS:
+        sparse = []
+    dense = [j for j, n in enumerate(counts) if n > 0 and (n > SPARSE_WORDS or not sparse)]
+    if sparse:
+        pick = torch.tensor(sparse, dtype=torch.long, device=logits.device)
+        rows = index.to(logits.device).index_select(0, pick)
+        sparse_words = words.index_select(0, pick)
+        row_of, word_of = sparse_words.nonzero(as_tuple=True)
+        shifts = _BIT_SHIFTS.to(words.device)
+        bits = (sparse_words[row_of, word_of].unsqueeze(1) >> shifts) & 1
+        which, bit = bits.nonzero(as_tuple=True)
+        tokens = word_of[which] * 32 + bit
+        row_ids = rows[row_of[which]]
+        if words.shape[1] * 32 > vocab:  # spare bits past the logits (xgrammar leaves them 0)
+            inside = tokens < vocab
+            tokens, row_ids = tokens[inside], row_ids[inside]
+        kept = logits[row_ids, tokens]
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[row_ids, tokens] = kept
+    if dense:
+        if len(dense) == len(counts):
+            rows, dense_words = index.to(logits.device), words
+        else:
+            pick = torch.tensor(dense, dtype=torch.long, device=logits.device)
+            rows, dense_words = index.to(logits.device)[pick], words[pick]
+        logits.index_add_(0, rows, token_penalties(dense_words, vocab, logits.dtype))
+    return dead
+
+
+_BYTE_PENALTIES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 def token_penalties(words: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
     """Bitmask rows (xgrammar's int32 words, bit ``t`` = token ``t`` allowed) as additive
-    penalties ``[rows, vocab_size]``: 0 where allowed, -inf where not.
+    penalties ``[rows, vocab_size]`` on the words' device: 0 where allowed, -inf where not.
 
     Adding these to the logits is the mask (``x + 0 == x``, ``x - inf == -inf``).
-    One table lookup per mask byte (each byte's 8 penalties at once) and one add
-    cost ~1.3 ms for 32 rows of a 49k vocabulary on one core, where
-    ``xgrammar.apply_token_bitmask_inplace``'s CPU path, bit by bit, took ~4-6 ms
-    and ``masked_fill`` with an unpacked boolean mask ~6 ms (Zen 4).
+    One table lookup per mask byte (each byte's 8 penalties at once): ~0.6 ms for
+    32 rows of a 49k vocabulary on one Zen 4 core, and the add ~0.3 ms, where
+    ``xgrammar.apply_token_bitmask_inplace``'s CPU path, bit by bit, takes 4-6 ms
+    and ``masked_fill_`` with an unpacked boolean mask ~2-3 ms.
     """
-    table = _BYTE_PENALTIES.get(dtype)
+    key = (dtype, words.device)
+    table = _BYTE_PENALTIES.get(key)
     if table is None:
         bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
         table = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
-        _BYTE_PENALTIES[dtype] = table
+        table = _BYTE_PENALTIES[key] = table.to(words.device)
     # Little-endian int32 words: byte b of word w holds tokens 32w + 8b .. 32w + 8b + 7.
     byte_codes = words.contiguous().view(torch.uint8).reshape(-1).long()
     penalties = table.index_select(0, byte_codes).view(words.shape[0], -1)
