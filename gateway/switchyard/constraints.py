@@ -11,7 +11,9 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
   millisecond for small schemas), the engine compiles it again for its
   tokenizer;
 - a regular expression must compile the same way and hold no NUL byte;
-- either is at most :data:`MAX_GRAMMAR_BYTES` long.
+- either is at most :data:`MAX_GRAMMAR_BYTES` long, and a schema's length
+  bounds (`minLength`/`maxLength`, `minItems`/`maxItems`) add up to at most
+  :data:`MAX_BOUND_RULES` grammar rules.
 
 The constraint's spec is canonical (compact JSON with sorted keys), so equal
 schemas share one compiled grammar in the engine's cache.
@@ -29,14 +31,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from switchyard_spec import Constraint, ConstraintKind
 
+from switchyard.engine.ebnf_bounds import chain_rules
 from switchyard.engine.grammar import strict_json_ebnf
 from switchyard.errors import validation_error
 from switchyard.text.tool_calls import ToolFormat
-from switchyard_spec import Constraint, ConstraintKind
 
 MAX_GRAMMAR_BYTES = 64 * 1024
 """Largest schema (as compact JSON) or pattern a request may carry."""
+
+MAX_BOUND_RULES = 256
+"""Most grammar rules a schema's length bounds may add up to: each character of a
+`maxLength` (or `minLength`) and each item of a `maxItems` (or `minItems`) is one
+rule of the compiled grammar (``switchyard.engine.ebnf_bounds``), and compile time
+grows with them (~15 ms each for a 49k vocabulary on one core: a `maxLength: 256`
+string compiles in a few seconds)."""
 
 IGNORED_KEYWORDS = (
     "uniqueItems", "contains", "minContains", "maxContains", "multipleOf", "not", "if", "then",
@@ -92,6 +102,41 @@ def _unsupported(schema: Any, where: str = "#") -> str | None:
     return None
 
 
+_BOUND_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                   "maxProperties")
+
+
+def _subschemas(schema: Any, where: str = "#") -> Any:
+    """``schema`` and every schema inside it, each with where it is."""
+    if not isinstance(schema, dict):
+        return
+    yield schema, where
+    for key in _SUBSCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield from _subschemas(sub, f"{where}/{key}/{name}")
+    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMA_ONE):
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _subschemas(sub, f"{where}/{key}/{i}")
+        else:
+            yield from _subschemas(value, f"{where}/{key}")
+
+
+def _oversized_bound(schema: Any) -> str | None:
+    """The first length or count bound over :data:`MAX_BOUND_RULES`, or None. Checked
+    before xgrammar sees the schema: it unrolls a bound while building the grammar, and
+    `maxLength: 1000000000` exhausts memory there."""
+    for sub, where in _subschemas(schema):
+        for key in _BOUND_KEYWORDS:
+            value = sub.get(key)
+            if isinstance(value, int) and value > MAX_BOUND_RULES:
+                return f"`{key}: {value}` (at {where})"
+    return None
+
+
 class ConstraintError(ValueError):
     """Why a schema or pattern cannot be used; the routes word it for their API."""
 
@@ -128,15 +173,26 @@ def _checked_schema_text(spec: str) -> Any:
     if found:
         raise ConstraintError(f"{found} is not supported: the grammar engine would not "
                               "enforce it")
+    found = _oversized_bound(schema)
+    if found:
+        raise ConstraintError(f"{found} is more than the {MAX_BOUND_RULES} a length or "
+                              "count bound may be")
     import xgrammar as xgr
 
     from switchyard.engine.grammar import JSON_SEPARATORS
 
     try:
-        return xgr.Grammar.from_json_schema(spec, any_whitespace=False,
-                                            separators=JSON_SEPARATORS, strict_mode=False)
+        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
+                                               separators=JSON_SEPARATORS, strict_mode=False)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
         raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
+    rules = chain_rules(strict_json_ebnf(str(grammar)))
+    if rules > MAX_BOUND_RULES:
+        raise ConstraintError(
+            f"the schema's `minLength`/`maxLength`/`minItems`/`maxItems` bounds add up to "
+            f"{rules}, more than the {MAX_BOUND_RULES} allowed (each counted character or "
+            "item adds to the grammar's compile time)")
+    return grammar
 
 
 def regex_constraint(pattern: Any) -> Constraint:

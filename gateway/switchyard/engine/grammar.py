@@ -59,16 +59,22 @@ _JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
 
 
 def strict_json_ebnf(ebnf: str) -> str:
-    """Two fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
+    """Fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
 
-    A string with `minLength`/`maxLength` takes characters from
-    ``[^"\\\r\n]``, which lets a raw control character (a tab, an escape) into
-    a JSON string, and that is not JSON: narrowed to the characters its other
-    strings allow. The untyped values (`basic_array`, `basic_object`) separate
-    items with ``", "`` whatever the separators asked for: made compact.
+    Length bounds (`minLength`/`maxLength`, `minItems`/`maxItems`) are bounded
+    repetitions that cost milliseconds per token mask: rewritten as chains of
+    rules (:func:`~switchyard.engine.ebnf_bounds.rewrite_bounds`), whose
+    bounded strings take JSON's characters (escapes included, raw control
+    characters not; xgrammar's own let a raw tab in, which is not JSON). Any
+    bounded character rule left is narrowed the same way. The untyped values
+    (`basic_array`, `basic_object`) separate items with ``", "`` whatever the
+    separators asked for: made compact.
     """
+    from switchyard.engine.ebnf_bounds import rewrite_bounds
+
     lines = []
-    for line in ebnf.replace(_LENGTH_BOUND_CHARACTER, _JSON_STRING_CHARACTER).splitlines():
+    for line in rewrite_bounds(ebnf).replace(_LENGTH_BOUND_CHARACTER,
+                                             _JSON_STRING_CHARACTER).splitlines():
         if line.startswith(("basic_array_items", "basic_object_properties")):
             line = line.replace('(", " ', '("," ')
         lines.append(line)
