@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+import msgspec
 from switchyard_spec import (
     EngineConfig,
     EngineRequest,
@@ -36,7 +37,7 @@ from switchyard_spec import (
     TokenEvent,
 )
 
-from switchyard_gaudi.assembly import memory_for, serving_dtype
+from switchyard_gaudi.assembly import check_model, memory_for, serving_dtype
 from switchyard_gaudi.fp8 import fp8_dims
 from switchyard_gaudi.limits import EngineOptions, parse_bytes, resolve_plan
 from switchyard_gaudi.model_dims import DTYPE_BYTES, read_model_dims
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                               max_batch_total_tokens=args.max_batch_total_tokens)
         options = EngineOptions()
         dims = read_model_dims(args.model_id)
+        if dims.takes_images:  # what a vision model cannot be served with stops here too
+            check_model(dims, msgspec.structs.replace(config, num_shard=args.num_shard),
+                        settings)
         dtype = serving_dtype(args.dtype, args.device)
         if settings.quant_config:  # FP8 weights at one byte; the statistics may come later
             dims = fp8_dims(dims, args.model_id, _quant_plan(settings.quant_config, args.device,
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         memory = memory_for(args.device, settings.enable_hpu_graph,
                             parse_bytes("--device-memory", args.device_memory), args.num_shard)
         result = resolve_plan(config, options, dims.per_rank(args.num_shard),
-                              BucketSettings.from_settings(settings),
+                              BucketSettings.from_settings(settings, dims.takes_images),
                               DTYPE_BYTES[str(dtype).removeprefix("torch.")], memory)
     except EngineStartError as exc:
         print(f"does not fit: {exc}", file=sys.stderr)

@@ -18,20 +18,22 @@ class Admission:
     """Validates requests against the engine's limits and builds their sequences.
 
     ``ignore_eos`` is ``TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN``: every
-    sequence then runs to its length limit.
+    sequence then runs to its length limit. ``takes_images``: the model is a
+    vision-language one whose tower the engine runs; otherwise images are refused.
     """
 
     def __init__(self, limits: Limits, vocab_size: int, ignore_eos: bool = False,
-                 watermark: WatermarkConfig | None = None) -> None:
+                 watermark: WatermarkConfig | None = None, takes_images: bool = False) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
         self.ignore_eos = ignore_eos
+        self.takes_images = takes_images
         self.watermark = watermark if watermark is not None else WatermarkConfig()
 
     def build(self, request: EngineRequest, sink: EventSink,
               queued_at: float) -> tuple[GaudiSequence | None, str]:
         """The sequence for ``request`` (queued since ``queued_at``), or None and the reason."""
-        problem = request_problem(request, self.vocab_size)
+        problem = request_problem(request, self.vocab_size, self.takes_images)
         if problem is not None:
             return None, problem
         n = len(request.prompt_token_ids)

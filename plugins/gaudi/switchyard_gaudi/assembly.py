@@ -3,7 +3,9 @@
 :func:`prepare` reads the environment and the options, opens the device,
 reads the model's sizes from its folder and plans warmup (refusing what does
 not fit); only then does :func:`assemble` load the weights and build the
-cache, the runner, the scheduler and admission around them.
+cache, the runner, the scheduler and admission around them. A vision-language
+folder (Llava-Next, Llava 1.5) loads with transformers' Llava class and gets
+the :class:`~switchyard_gaudi.vision.VisionRunner`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import torch
+from switchyard.engine.image_features import ARCHITECTURES, load_vision_lm, vision_architecture
 from switchyard.engine.loading import dtype_name, load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
@@ -29,6 +32,7 @@ from switchyard_gaudi.rows import RowTable
 from switchyard_gaudi.runner import StaticRunner
 from switchyard_gaudi.scheduler import Policy, Scheduler, WaitingQueue
 from switchyard_gaudi.settings import GaudiSettings, inapplicable
+from switchyard_gaudi.vision import VisionRunner
 from switchyard_gaudi.warmup_plan import BucketSettings, Memory, WarmupPlan
 
 if TYPE_CHECKING:
@@ -40,6 +44,8 @@ logger = logging.getLogger("switchyard.gaudi")
 
 SUPPORTED_MODELS = ("llama", "mistral", "qwen2", "phi3")
 """Model types tested against transformers' ``generate`` on this engine."""
+VISION_MODELS = tuple(ARCHITECTURES)
+"""Vision-language model types served with images, whose text model is one of the above."""
 GRAPH_MEMORY_FRACTION = 0.1
 """Share of usable HPU memory kept for HPU graphs (TGI's ``TGI_GRAPH_RESERVED_MEM``)."""
 
@@ -91,6 +97,31 @@ def memory_for(device_kind: str, graphs: bool, free: int, ranks: int = 1) -> Mem
                   graph_fraction=GRAPH_MEMORY_FRACTION if device_kind == HPU and graphs else 0.0)
 
 
+def check_model(dims: ModelDims, config: EngineConfig, settings: GaudiSettings) -> None:
+    """Refuse, before anything loads, a model type the engine does not serve, and what a
+    vision-language model cannot be served with (sharding, ``QUANT_CONFIG``)."""
+    if not dims.takes_images:
+        if dims.model_type not in SUPPORTED_MODELS:
+            raise EngineStartError(
+                f"gaudi engine: model type {dims.model_type!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_MODELS)}, and {', '.join(VISION_MODELS)} with images)")
+        return
+    name = f"{dims.model_type} (a vision-language model)"
+    if dims.text_model_type not in SUPPORTED_MODELS:
+        raise EngineStartError(
+            f"gaudi engine: {name}'s text model type {dims.text_model_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODELS)})")
+    if config.num_shard != 1:
+        raise EngineStartError(
+            f"gaudi engine: {name} cannot be sharded: multi-card Llava inference is not "
+            "supported (as in tgi-gaudi); serve it with --num-shard 1")
+    if settings.quant_config:
+        raise EngineStartError(
+            f"gaudi engine: QUANT_CONFIG (FP8) is not supported for {name}: the measurement "
+            "runs text prompts, so the vision tower and projector would have no statistics; "
+            "serve it in bf16")
+
+
 def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
     """Settings, options, device, model sizes, warmup plan; EngineStartError if unservable."""
     settings = GaudiSettings.from_env(env)
@@ -105,9 +136,7 @@ def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
         raise EngineStartError(f"gaudi engine: --quantize {config.quantize} is not supported "
                                "(FP8 comes through QUANT_CONFIG)")
     dims = read_model_dims(config.model_path)
-    if dims.model_type not in SUPPORTED_MODELS:
-        raise EngineStartError(f"gaudi engine: model type {dims.model_type!r} is not supported "
-                               f"(supported: {', '.join(SUPPORTED_MODELS)})")
+    check_model(dims, config, settings)
     dtype = serving_dtype(config.dtype, device.kind)
     fp8_plan = None
     if settings.quant_config:  # before any weight loads: a bad config or missing stats stop here
@@ -122,8 +151,8 @@ def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
     memory = memory_for(device.kind, device.graphs,
                         options.device_memory or device.free_memory(), ranks)
     plan = resolve_plan(config, options, dims.per_rank(ranks),
-                        BucketSettings.from_settings(settings), DTYPE_BYTES[dtype_name(dtype)],
-                        memory)
+                        BucketSettings.from_settings(settings, dims.takes_images),
+                        DTYPE_BYTES[dtype_name(dtype)], memory)
     logger.info("gaudi: %s; graphs: %s%s", device.kind, device.describe(),
                 f"; {ranks} ranks (tensor parallel), the plan is per rank" if ranks > 1 else "")
     for line in plan.describe().splitlines():
@@ -143,10 +172,14 @@ def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None)
         watermark = WatermarkConfig.from_env()
     except ValueError as exc:
         raise EngineStartError(str(exc)) from None
-    # Sharded, each rank loads on the host; AutoTP moves only its slices to the device.
-    loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype),
-                            device=p.device.kind if p.ranks == 1 else "cpu",
-                            attn_implementation=attention.register())
+    arch = vision_architecture(config.model_path) if p.dims.takes_images else None
+    if arch is not None:  # the engine's attention for its text model; the tower keeps its own
+        loaded = load_vision_lm(config.model_path, arch, p.dtype, p.device.kind,
+                                text_attention=attention.register())
+    else:  # sharded, each rank loads on the host; AutoTP moves only its slices to the device
+        loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype),
+                                device=p.device.kind if p.ranks == 1 else "cpu",
+                                attn_implementation=attention.register())
     # INC patches the linear layers in place, before the step functions are captured.
     fp8_model = fp8.convert(loaded.model, p.fp8) if p.fp8 is not None else None
     model = tensor_parallel.shard_model(loaded.model, p.device, p.ranks, p.dtype) \
@@ -160,12 +193,19 @@ def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None)
                           p.device.torch_device)
     logger.info("gaudi: KV cache %d rows x %d tokens, %.1f MiB", cache.rows, cache.length,
                 cache.nbytes / 2**20)
-    runner = StaticRunner(model, cache, p.device, len(p.plan.shapes),
-                          capture_prefill=not p.settings.limit_hpu_graph, group=group,
-                          model_folder=config.model_path)
+    runner: StaticRunner
+    if arch is not None:
+        runner = VisionRunner(model, cache, p.device, len(p.plan.shapes),
+                              capture_prefill=not p.settings.limit_hpu_graph,
+                              model_folder=config.model_path)
+    else:
+        runner = StaticRunner(model, cache, p.device, len(p.plan.shapes),
+                              capture_prefill=not p.settings.limit_hpu_graph, group=group,
+                              model_folder=config.model_path)
     scheduler = Scheduler(grid, Policy(limits.max_batch_size, p.options.max_waiting_tokens,
                                        p.options.waiting_served_ratio),
                           WaitingQueue(p.settings.queue_threshold_ms))
-    admission = Admission(limits, loaded.info.vocab_size, p.settings.ignore_eos_token, watermark)
+    admission = Admission(limits, loaded.info.vocab_size, p.settings.ignore_eos_token, watermark,
+                          takes_images=loaded.info.takes_images)
     return Parts(info, cache, RowTable(limits.max_batch_size), runner, scheduler,
                  admission, fp8_model)

@@ -61,14 +61,17 @@ class Buckets:
         return iter(self.sizes)
 
 
-def linear(step: int, limit: int) -> Buckets:
-    """Every multiple of ``step`` below ``limit``, then ``limit``.
+def linear(step: int, limit: int, start: int | None = None) -> Buckets:
+    """``start``, ``start + step``, ... below ``limit``, then ``limit`` (``start``: ``step``).
 
-    A step at or above the limit leaves one bucket, the limit.
+    With the default start these are the multiples of ``step``. A start at or
+    above the limit leaves one bucket, the limit.
     """
-    if step < 1 or limit < 1:
-        raise BucketError(f"step ({step}) and limit ({limit}) must be at least 1")
-    return Buckets((*range(step, limit, step), limit))
+    start = step if start is None else start
+    if step < 1 or limit < 1 or start < 1:
+        raise BucketError(f"step ({step}), start ({start}) and limit ({limit}) must be at "
+                          "least 1")
+    return Buckets((*range(start, limit, step), limit))
 
 
 def exponential(base: int, limit: int, first: int = 1) -> Buckets:
@@ -88,6 +91,15 @@ def exponential(base: int, limit: int, first: int = 1) -> Buckets:
     return Buckets((*sizes, limit))
 
 
-def choose(step: int, base: int | None, limit: int, first: int = 1) -> Buckets:
-    """Linear buckets of ``step``, or exponential ones when a ``base`` is set."""
+def choose(step: int, base: int | None, limit: int, first: int = 1,
+           floor: int | None = None) -> Buckets:
+    """Linear buckets of ``step``, or exponential ones when a ``base`` is set.
+
+    ``floor`` (vision-language models' ``BASE_IMAGE_TOKENS``) is the first
+    bucket: linear ones then go ``floor``, ``floor + step``, ..., exponential
+    ones ``floor``, ``floor * base``, ..., each ending at ``limit``.
+    """
+    if floor is not None:
+        return linear(step, limit, start=floor) if base is None \
+            else exponential(base, limit, first=floor)
     return linear(step, limit) if base is None else exponential(base, limit, first)

@@ -11,7 +11,8 @@ Pieces, each in its own module: ``assembly`` (start-up order), ``settings`` (the
 ``limits`` and ``warmup_plan`` (limits, buckets, shapes, memory; pure),
 ``device`` (the only module touching Habana's software), ``kv_cache`` and
 ``rows`` (the static cache and who holds which row), ``attention`` and
-``runner`` (the captured forward passes), ``scheduler`` (TGI's router
+``runner`` (the captured forward passes; ``vision`` for Llava-Next and Llava
+1.5, whose prefill takes image features), ``scheduler`` (TGI's router
 semantics), ``admission``, ``events`` and ``profiler``; sharded
 (``--num-shard`` > 1), ``tensor_parallel`` (how many ranks, AutoTP),
 ``shard_group`` (the follower processes and the ops sent to them) and

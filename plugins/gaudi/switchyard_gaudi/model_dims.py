@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from switchyard.engine.image_features import vision_architecture
 from switchyard_spec import EngineStartError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -39,6 +40,11 @@ class ModelDims:
     """Of those, the elements held in FP8, one byte each (``QUANT_CONFIG`` in QUANTIZE mode)."""
     tied_embeddings: bool = False
     """The LM head shares the input embedding's weight (``tie_word_embeddings``)."""
+    text_model_type: str = ""
+    """A vision-language model's language model type (``mistral``); else ``model_type``."""
+    takes_images: bool = False
+    """A vision-language model the engine serves with images (Llava-Next, Llava 1.5); its
+    vision tower's weights are counted in ``parameters``."""
 
     def weight_bytes(self, dtype_bytes: int) -> int:
         """Device bytes of the weights held in a dtype of ``dtype_bytes`` (FP8 ones at one byte)."""
@@ -94,6 +100,25 @@ def safetensors_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_REQUIRED = frozenset({"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"})
+"""Keys of a text config the sizes need; a nested one may leave them at its class's defaults."""
+
+
+def _full_text_config(folder: Path) -> dict[str, object]:
+    """The nested text config with every default filled in, through transformers.
+
+    Published Llava-Next checkpoints state only what differs from the text
+    model's defaults (llava-v1.6-mistral-7b-hf's has no ``hidden_size``), so
+    transformers' config class supplies the rest; no weight is read.
+    """
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(folder).get_text_config().to_dict()
+    except (OSError, ValueError, KeyError) as exc:
+        raise EngineStartError(f"cannot read the text model's config in {folder}: {exc}") from exc
+
+
 def read_model_dims(model_path: str | Path) -> ModelDims:
     """The :class:`ModelDims` of the model folder ``model_path``; EngineStartError if unreadable."""
     folder = Path(model_path)
@@ -101,9 +126,12 @@ def read_model_dims(model_path: str | Path) -> ModelDims:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise EngineStartError(f"cannot read {folder / 'config.json'}: {exc}") from exc
+    arch = vision_architecture(folder)
     # Multimodal checkpoints nest the language model's sizes.
     text = config.get("text_config") or config
     try:
+        if text is not config and not _REQUIRED <= set(text):
+            text = _full_text_config(folder)
         hidden = int(text["hidden_size"])
         heads = int(text["num_attention_heads"])
         dims = ModelDims(
@@ -119,6 +147,8 @@ def read_model_dims(model_path: str | Path) -> ModelDims:
             parameters=sum(_safetensors_elements(p) for p in sorted(folder.glob("*.safetensors"))),
             tied_embeddings=bool(text.get("tie_word_embeddings",
                                           config.get("tie_word_embeddings", False))),
+            text_model_type=str(text.get("model_type") or config.get("model_type", "?")),
+            takes_images=arch is not None,
         )
     except (KeyError, TypeError, ValueError, OSError, struct.error) as exc:
         raise EngineStartError(f"cannot read the model's sizes in {folder}: {exc!r}") from exc

@@ -28,8 +28,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
-from switchyard.engine.logprobs import prompt_scores
 from switchyard.engine.grammar import GrammarSupport, apply_grammars
+from switchyard.engine.logprobs import prompt_scores
 from switchyard.engine.sampling import RowSampler, SampledToken, sample_step
 from switchyard_spec import TopToken
 
@@ -79,12 +79,18 @@ class StaticRunner:
     # ------------------------------------------------------- captured code
     def _prefill_fn(self, ids: torch.Tensor, rows: torch.Tensor,
                     last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, length = ids.shape
-        positions = torch.arange(length, device=ids.device).expand(batch, length)
+        return self._prefill_body({"input_ids": ids}, ids.shape, rows, last)
+
+    def _prefill_body(self, inputs: dict[str, torch.Tensor], shape: torch.Size,
+                      rows: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill forward on ``inputs`` (``input_ids``, or ``inputs_embeds`` for a vision
+        model) of ``shape`` [P, S, ...]: the last real tokens' logits and the hidden states."""
+        batch, length = shape[0], shape[1]
+        positions = torch.arange(length, device=rows.device).expand(batch, length)
         step = StepInputs(self.cache, self.device, prefill=True, rows=rows)
-        hidden = self.base(input_ids=ids, position_ids=positions, use_cache=False,
+        hidden = self.base(**inputs, position_ids=positions, use_cache=False,
                            **{STEP_KWARG: step}).last_hidden_state
-        final = hidden[torch.arange(batch, device=ids.device), last]
+        final = hidden[torch.arange(batch, device=rows.device), last]
         return self._head(final), hidden
 
     def _decode_fn(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -112,7 +118,7 @@ class StaticRunner:
             ids[i, : seq.prompt_len] = torch.tensor(seq.request.prompt_token_ids)
             rows[i] = seq.row
             last[i] = seq.prompt_len - 1
-        logits, hidden = self.forward_prefill(ids, rows, last)
+        logits, hidden, failed = self.run_prefill(seqs, ids, rows, last)
         carry, scored = self._score_prompts(seqs, hidden)
         rows = logits[: len(seqs)]
         samplers = [s.sampler for s in seqs]
@@ -120,7 +126,17 @@ class StaticRunner:
         result = sample_step(rows, samplers, carry)
         if scored:
             _store_prompt_scores(scored, result.carried)
+        if any(failed):
+            errors = [f or e for f, e in zip(failed, errors or [None] * len(seqs), strict=True)]
         return _with_errors(result.tokens, errors)
+
+    def run_prefill(self, seqs: Sequence[GaudiSequence], ids: torch.Tensor, rows: torch.Tensor,
+                    last: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[str | None]]:
+        """The padded prefill's logits and hidden states, and per sequence the error that
+        ends it alone (none here; a vision model's image that cannot be encoded)."""
+        logits, hidden = self.forward_prefill(ids, rows, last)
+        return logits, hidden, [None] * len(seqs)
 
     def decode(self, seqs: Sequence[GaudiSequence], shape: Shape) -> list[SampledToken]:
         """One decode step over cache rows ``0 .. shape.batch - 1``: the next token of ``seqs``."""

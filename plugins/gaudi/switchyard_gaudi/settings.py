@@ -2,7 +2,8 @@
 
 The names, defaults and meanings are the seed's (``docker run -e NAME=value``
 lines keep working unchanged), plus the exponential bucketing bases of TGI's
-later Gaudi code and ``PT_HPU_LAZY_MODE``. :meth:`GaudiSettings.from_env`
+later Gaudi code, ``PT_HPU_LAZY_MODE`` and, for vision-language models, the
+seed's Llava section's ``BASE_IMAGE_TOKENS``. :meth:`GaudiSettings.from_env`
 parses them all at start-up: a value that does not parse is a start-up error
 naming the variable and what it accepts, never a silent default.
 
@@ -121,6 +122,9 @@ VARIABLES: tuple[Variable, ...] = (
              "when set, prompt buckets are PAD_SEQUENCE_TO_MULTIPLE_OF times powers of this base"),
     Variable("PT_HPU_LAZY_MODE", "pt_hpu_lazy_mode", parse_bool,
              "HPU lazy mode with HPU graphs (1) or eager mode with torch.compile (0)"),
+    Variable("BASE_IMAGE_TOKENS", "base_image_tokens", _int_at_least(1),
+             "vision-language models: the least --max-input-tokens, and the first prompt "
+             "bucket (prefill graphs run from it to --max-input-tokens)"),
 )
 
 
@@ -151,6 +155,8 @@ class GaudiSettings:
     seq_len_exponent_base: int | None = None
     """None: linear prompt buckets (the seed's); a base >= 2: exponential ones."""
     pt_hpu_lazy_mode: bool = True
+    base_image_tokens: int = 2048
+    """Vision-language models only (Llava-Next's image tokens, the seed's default)."""
     given: frozenset[str] = field(default=frozenset(), compare=False)
     """Names of the variables the environment set (the rest are defaults)."""
 

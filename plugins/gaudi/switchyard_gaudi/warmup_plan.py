@@ -12,6 +12,11 @@ every (phase, batch, length) the engine can run:
 - decode: ``batch`` rows (a decode batch bucket), each attending over the
   whole cache row of ``--max-total-tokens`` (the KV layout, see kv_cache.py).
 
+For a vision-language model (``BucketSettings.image_tokens``, the seed's
+``BASE_IMAGE_TOKENS``) the prompt buckets run from ``BASE_IMAGE_TOKENS`` to
+``--max-input-tokens``, and the prefill rows from one to
+``--max-batch-prefill-tokens // --max-input-tokens``.
+
 :func:`plan_warmup` estimates the device memory of the whole set before
 anything is loaded: weights (exact, from the checkpoint's headers), the KV
 cache, and the activations of the largest shape (shapes run one at a time).
@@ -59,13 +64,18 @@ class BucketSettings:
     seq_step: int = 128
     batch_base: int | None = None
     seq_base: int | None = None
+    image_tokens: int | None = None
+    """Vision-language models: ``BASE_IMAGE_TOKENS``, the least ``max_input_tokens`` and
+    the first prompt bucket; prefill rows are then ``max_batch_prefill_tokens //
+    max_input_tokens`` (the seed's Llava rule). None for text models."""
 
     @classmethod
-    def from_settings(cls, s: GaudiSettings) -> BucketSettings:
-        """The bucket part of the engine's settings."""
+    def from_settings(cls, s: GaudiSettings, takes_images: bool = False) -> BucketSettings:
+        """The bucket part of the engine's settings (``takes_images``: a vision model's)."""
         return cls(s.batch_bucket_size, s.prefill_batch_bucket_size,
                    s.pad_sequence_to_multiple_of, s.batch_size_exponent_base,
-                   s.seq_len_exponent_base)
+                   s.seq_len_exponent_base,
+                   s.base_image_tokens if takes_images else None)
 
 
 @dataclass(frozen=True, order=True)
@@ -108,9 +118,20 @@ def make_grid(limits: Limits, buckets: BucketSettings) -> Grid:
     if not 0 < limits.max_input_tokens < limits.max_total_tokens:
         raise PlanError(f"max_input_tokens ({limits.max_input_tokens}) must be positive and "
                         f"below max_total_tokens ({limits.max_total_tokens})")
+    floor = buckets.image_tokens
+    if floor is not None and limits.max_input_tokens < floor:
+        raise PlanError(
+            f"--max-input-tokens ({limits.max_input_tokens}) is below BASE_IMAGE_TOKENS "
+            f"({floor}), the least a vision-language model is served with (an image takes "
+            f"about that many tokens); raise --max-input-tokens to at least {floor} (and "
+            f"--max-total-tokens above it), or set BASE_IMAGE_TOKENS to at most "
+            f"{limits.max_input_tokens}")
     seq = choose(buckets.seq_step, buckets.seq_base, limits.max_input_tokens,
-                 first=buckets.seq_step)
-    rows = max(1, min(limits.max_batch_size, limits.max_batch_prefill_tokens // seq.sizes[0]))
+                 first=buckets.seq_step, floor=floor)
+    # Text models: as many rows as the shortest bucket allows; vision models: the seed's
+    # prefill_batch_size = max-batch-prefill-tokens / max-input-tokens.
+    per_row = seq.sizes[0] if floor is None else seq.limit
+    rows = max(1, min(limits.max_batch_size, limits.max_batch_prefill_tokens // per_row))
     prefill_batch = choose(buckets.prefill_batch_step, buckets.batch_base, rows)
     smallest = prefill_batch.sizes[0]
     if smallest * seq.limit > limits.max_batch_prefill_tokens:
@@ -237,12 +258,12 @@ class WarmupPlan:
         g = self.grid
         prefill = [s for s in self.shapes if s.phase == PREFILL]
         return "\n".join([
-            f"prompt buckets {list(g.prefill_seq)}, prefill batch buckets "
-            f"{list(g.prefill_batch)}, decode batch buckets {list(g.decode_batch)}, "
-            f"cache rows of {g.cache_len} tokens",
-            f"{len(self.shapes)} shapes: {len(prefill)} prefill "
-            f"({', '.join(f'{s.batch}x{s.length}' for s in prefill)}), "
-            f"{len(self.shapes) - len(prefill)} decode",
+            (f"prompt buckets {list(g.prefill_seq)}, prefill batch buckets "
+             f"{list(g.prefill_batch)}, decode batch buckets {list(g.decode_batch)}, "
+             f"cache rows of {g.cache_len} tokens"),
+            (f"{len(self.shapes)} shapes: {len(prefill)} prefill "
+             f"({', '.join(f'{s.batch}x{s.length}' for s in prefill)}), "
+             f"{len(self.shapes) - len(prefill)} decode"),
             f"memory: {self.memory.describe()}",
         ])
 
