@@ -1,9 +1,11 @@
 """What the fallback path costs: decode tokens/s of the Xeon engine on each path, same shape.
 
 Builds random-weight models of one shape (``--hidden``, ``--layers``,
-``--vocab``) as Llama (paged path) and as Bloom and StableLM (fallback path:
-ALiBi, and attention outside transformers' attention interface), plus Llama
-forced onto the fallback (``forward=fallback``), and for each runs waves of
+``--vocab``) as Llama (paged path), Bloom (ALiBi) and Gemma 2 (soft-capped
+logits, sliding-window layers), which take the paged path and are also forced
+onto the fallback (``forward=fallback``) to compare the two, StableLM
+(fallback path: attention outside transformers' attention interface), plus
+Llama forced onto the fallback, and for each runs waves of
 ``--streams`` greedy requests (``--prompt-tokens`` prompt, ``--new-tokens``
 new tokens) through a real ``XeonEngine``, each configuration in a fresh
 process (two engines in one process would share the cores between two
@@ -49,12 +51,16 @@ CONFIGS = {
     "llama-paged": ("llama", {}),
     "llama-fallback": ("llama", {"forward": "fallback"}),
     "llama-fallback-per-seq": ("llama", {"forward": "fallback", PER_SEQUENCE: "off"}),
-    "bloom-fallback": ("bloom", {}),
-    "bloom-fallback-per-seq": ("bloom", {PER_SEQUENCE: "off"}),
+    "bloom-paged": ("bloom", {}),
+    "bloom-fallback": ("bloom", {"forward": "fallback"}),
+    "bloom-fallback-per-seq": ("bloom", {"forward": "fallback", PER_SEQUENCE: "off"}),
+    "gemma2-paged": ("gemma2", {}),
+    "gemma2-fallback": ("gemma2", {"forward": "fallback"}),
     "stablelm-fallback": ("stablelm", {}),
     "stablelm-fallback-per-seq": ("stablelm", {PER_SEQUENCE: "off"}),
     "llama-generate": ("llama", {GENERATE: "on"}),
     "bloom-generate": ("bloom", {GENERATE: "on"}),
+    "gemma2-generate": ("gemma2", {GENERATE: "on"}),
     "stablelm-generate": ("stablelm", {GENERATE: "on"}),
 }
 
@@ -80,6 +86,12 @@ def build(family: str, hidden: int, layers: int, vocab: int):
     if family == "bloom":
         return T.BloomForCausalLM(T.BloomConfig(hidden_size=hidden, n_layer=layers,
                                                 n_head=heads, **ids)).eval()
+    if family == "gemma2":  # a third of the heads for keys/values, as the 135M shape has
+        config = T.Gemma2Config(hidden_size=hidden, intermediate_size=4 * hidden,
+                                num_hidden_layers=layers, num_attention_heads=heads,
+                                num_key_value_heads=max(1, heads // 3), head_dim=64,
+                                max_position_embeddings=1024, sliding_window=4096, **ids)
+        return T.Gemma2ForCausalLM(config).eval()
     raise KeyError(family)
 
 

@@ -106,6 +106,25 @@ def _want(folder: Path, prompt: str) -> list[int]:
     return _greedy(folder, tuple(_ids(tokenizer, prompt)))
 
 
+PATHS = {
+    "bloom": "path: paged attention, the model's ALiBi attention modules replaced "
+             "(BloomForCausalLM: ALiBi biases in the paged kernels)",
+    "mpt": "path: paged attention, the model's ALiBi attention modules replaced "
+           "(MptForCausalLM: ALiBi biases in the paged kernels)",
+    "gemma2": "path: paged attention through transformers' attention interface "
+              "(Gemma2ForCausalLM: logit soft-capping in the paged kernels)",
+    "falcon": "path: fallback: the model's own attention over transformers' cache "
+              "(FalconForCausalLM does not use transformers' attention interface",
+}
+"""The start-up log's path line for the families whose path is not plain transformers'
+attention interface (Falcon here is rotary, without ALiBi)."""
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_start_up_logs_the_path_each_family_takes(name, matrix):
+    assert PATHS[name] in matrix.log()
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_generate_three_prompts_equal_transformers(name, matrix, folders):
     folder = folders[name]

@@ -4,6 +4,7 @@ One server (`--config`) serves `llava-next` (the default), `llava` and
 `text` (the default text model), with image limits small enough to hit, and
 prefill cut into chunks smaller than an image. Images come as `data:` URLs
 and from a loopback HTTP server (the only host `--image-hosts` allows).
+The vision models run on the xeon engine's paged path, prefix caching on.
 Greedy answers are checked token for token against transformers' `generate`
 on the model's own processor output; bad images are 4xx in each API's format.
 """
@@ -161,7 +162,10 @@ def test_tgi_clients_stream_an_image_prompt(vision_server: LiveServer, images: I
 def test_two_images_with_one_text_get_their_own_answers(vision_server: LiveServer,
                                                         images: ImageServer,
                                                         folders: dict[str, Path]) -> None:
-    """Sent together (one batch), then the first again: nothing crosses between images."""
+    """Sent together (one batch), then the first again, on the paged path with prefix
+    caching on: the second image shares only the blocks before the image, the first again
+    (same pixels from a `data:` URL, same content hash) its cached blocks, and each answer
+    is transformers' for its own image."""
     prompt = f"{IMAGE_TOKEN}{QUESTION}"
     want = {seed: _reference(folders["llava_next"], prompt, seed) for seed in (1, 3)}
     assert want[1] != want[3]

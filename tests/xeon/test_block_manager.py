@@ -142,3 +142,73 @@ def test_prefix_caching_off_never_hits():
     bm.free(1)
     assert bm.num_cached_blocks == 0
 
+
+
+def test_text_hashes_are_the_token_ids_alone():
+    """A block without an extra key hashes as before extra keys existed: SHA-256 of the
+    parent's name and the ids as int64, so caches and tests of text models are unchanged."""
+    import hashlib
+    from array import array
+
+    tokens = [1, 2, 3, 4]
+    want = hashlib.sha256(ROOT_HASH + array("q", tokens).tobytes()).digest()
+    assert chain_hash(ROOT_HASH, tokens) == want == chain_hash(ROOT_HASH, tokens, b"")
+    assert chain_hash(want, [5, 6, 7, 8]) == hashlib.sha256(
+        want + array("q", [5, 6, 7, 8]).tobytes()).digest()
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    _computed(bm, 1, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    # A text sequence's keys function is None; one that gives b"" everywhere names the same.
+    assert bm.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0], lambda i: b"").tokens == 8
+    assert bm.lookup([1, 2, 3, 4, 5, 6, 7, 8, 0]).hashes == bm.lookup(
+        [1, 2, 3, 4, 5, 6, 7, 8, 0], lambda i: b"").hashes
+
+
+def test_extra_keys_split_equal_ids():
+    """Equal ids with another extra key on block 1 share block 0 only; the same keys share
+    every full block; a later block inherits the difference through the chain."""
+    bm = BlockManager(num_blocks=16, block_size=BS)
+    tokens = [1, 2, 3, 4, 9, 9, 9, 9, 5, 6, 7, 8, 0]
+
+    def image(name: bytes):
+        return lambda i: name if i == 1 else b""
+
+    assert bm.allocate(1, bm.lookup(tokens, image(b"a")), len(tokens))
+    bm.commit(1, tokens, len(tokens), image(b"a"))
+    assert bm.lookup(tokens, image(b"b")).tokens == 4
+    assert bm.lookup(tokens, image(b"a")).tokens == 12
+    assert bm.lookup(tokens).tokens == 4
+    # Committed under another key: the same ids get blocks of their own names.
+    assert bm.allocate(2, bm.lookup(tokens, image(b"b")), len(tokens))
+    bm.commit(2, tokens, len(tokens), image(b"b"))
+    assert bm.table(2)[0] == bm.table(1)[0] and bm.table(2)[1:3] != bm.table(1)[1:3]
+    assert bm.lookup(tokens, image(b"b")).tokens == 12
+
+
+def test_sequence_block_keys_name_the_images_they_cover():
+    """Blocks before and after an image's placeholders key on ids alone; every block that
+    covers one of them names the image's hash and place."""
+    from switchyard_spec import ImageInput
+    from switchyard_xeon.sequence import image_block_key
+    from tests.xeon.sched_sim import make_seq
+
+    text = make_seq("t", 12)
+    assert text.block_keys(BS) is None
+    images = (ImageInput(offset=3, length=6, content_hash="aa", pixel_values=b"", shape=(1,)),
+              ImageInput(offset=9, length=2, content_hash="bb", pixel_values=b"", shape=(1,)))
+    keys = [image_block_key(images, i * BS, (i + 1) * BS) for i in range(4)]
+    assert keys[0] == b"3:6:aa;" and keys[1] == b"3:6:aa;"
+    assert keys[2] == b"3:6:aa;9:2:bb;" and keys[3] == b""
+    other = (images[0], ImageInput(offset=9, length=2, content_hash="cc", pixel_values=b"",
+                                   shape=(1,)))
+    assert image_block_key(other, 0, BS) == keys[0]
+    assert image_block_key(other, 2 * BS, 3 * BS) != keys[2]
+    from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
+    from switchyard_xeon.sequence import Sequence
+
+    request = EngineRequest(request_id="img", prompt_token_ids=tuple(range(16)),
+                            sampling=SamplingParams(), stopping=StoppingParams(max_new_tokens=1),
+                            images=images)
+    seq = Sequence(request, lambda event: None, None,  # type: ignore[arg-type]
+                   max_length=17, ignore_eos=True)
+    block_keys = seq.block_keys(BS)
+    assert block_keys is not None and [block_keys(i) for i in range(4)] == keys

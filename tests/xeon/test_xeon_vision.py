@@ -1,10 +1,12 @@
-"""Vision-language models on the Xeon engine: Llava-Next and Llava 1.5 on the fallback path.
+"""Vision-language models on the Xeon engine: Llava-Next and Llava 1.5, paged and fallback.
 
 The prompts are prepared as the gateway prepares them (its processor and
 ``encode_prompt``) and the engine's greedy tokens are compared with
 transformers' ``generate`` on ``processor(text, images)``. Prefill is cut
 into chunks smaller than one image, so an image's placeholders span several
-forward steps; the vision tower must still run once per image.
+forward steps; the vision tower must still run once per image. The paged
+path's prefix cache keys image blocks on the images' content hashes: the same
+text with another image shares only the blocks before the image.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from switchyard_spec import (
     StoppingParams,
 )
 from switchyard_xeon.engine import XeonEngine
-from switchyard_xeon.vision import VisionRunner
+from switchyard_xeon.vision import PagedVisionRunner, VisionRunner
 from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
 
@@ -35,6 +37,7 @@ TEXT = "What is in ![](http://h/picture.png) this picture?"
 MAX_NEW = 10
 CHUNK = 12
 """Prefill tokens per step: less than one image takes."""
+BLOCK = 4
 
 
 def _folder(kind: str, default_model: Path, cache: Path) -> SimpleNamespace:
@@ -57,14 +60,16 @@ def llava_next(default_model_path: Path, model_cache: Path) -> SimpleNamespace:
 
 @pytest.fixture
 def start() -> Iterator[Callable[..., XeonEngine]]:
-    """``start(model, **config)``: a started engine on that model (all shut down after)."""
+    """``start(model, options={...}, **config)``: a started engine (all shut down after)."""
     engines: list[XeonEngine] = []
 
-    def build(model: SimpleNamespace, **config: object) -> XeonEngine:
+    def build(model: SimpleNamespace, options: dict[str, str] | None = None,
+              **config: object) -> XeonEngine:
         config.setdefault("max_batch_prefill_tokens", CHUNK)
         engine = XeonEngine(EngineConfig(
             model_path=str(model.path), dtype="float32",
-            options={**TEST_OPTIONS, "block_size": "4"}, **config))  # type: ignore[arg-type]
+            options={**TEST_OPTIONS, "block_size": str(BLOCK), **(options or {})},
+            **config))  # type: ignore[arg-type]
         engine.start()
         engines.append(engine)
         return engine
@@ -72,6 +77,9 @@ def start() -> Iterator[Callable[..., XeonEngine]]:
     yield build
     for engine in engines:
         engine.shutdown()
+
+
+_REFERENCES: dict[tuple[Path, bytes, bool], list[int]] = {}
 
 
 def _request(vlm: SimpleNamespace, rid: str, picture: bytes, eos: tuple[int, ...],
@@ -86,20 +94,47 @@ def _request(vlm: SimpleNamespace, rid: str, picture: bytes, eos: tuple[int, ...
 
 
 def _reference(vlm: SimpleNamespace, picture: bytes, ignore_eos: bool = False) -> list[int]:
-    prompt = TEXT.replace("![](http://h/picture.png)", IMAGE_TOKEN)
-    return reference_greedy(vlm.path, prompt, [picture], MAX_NEW, ignore_eos)
+    """transformers' greedy tokens for ``TEXT`` with ``picture`` (computed once per test run)."""
+    key = (vlm.path, picture, ignore_eos)
+    if key not in _REFERENCES:
+        prompt = TEXT.replace("![](http://h/picture.png)", IMAGE_TOKEN)
+        _REFERENCES[key] = reference_greedy(vlm.path, prompt, [picture], MAX_NEW, ignore_eos)
+    return _REFERENCES[key]
 
 
-def test_greedy_tokens_equal_generate_per_image(vlm: SimpleNamespace,
-                                                start: Callable[..., XeonEngine]) -> None:
-    """Two images with one text, and a text-only request, in one batch: each gets what
-    transformers gives it, the tower runs once per image although prefill is chunked, and
-    nothing is cached across sequences."""
+def _hits(engine: XeonEngine) -> int:
+    """Prompt tokens served from the prefix cache so far."""
+    return engine._scheduler.counters.prefix_hit_tokens
+
+
+def _settle(engine: XeonEngine) -> None:
+    """Wait until the loop has let every sequence go (finished ones leave after their event)."""
+    deadline = time.monotonic() + 10
+    while len(engine._scheduler) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _path_line(caplog: pytest.LogCaptureFixture) -> str:
+    """The engine's start-up line naming its forward path."""
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("path: ")]
+    return line
+
+
+def test_paged_tokens_equal_generate_per_image(vlm: SimpleNamespace,
+                                               start: Callable[..., XeonEngine],
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Two images with one text, and a text-only request, in one batch with prefix caching
+    on: each gets what transformers gives it, the tower runs once per image although an
+    image spans prefill chunks, and the second image shares no cached block of the first."""
+    caplog.set_level("INFO", logger="switchyard.xeon")
     engine = start(vlm)
     info = engine.info
     assert info is not None and info.takes_images
+    text_class = "MistralForCausalLM" if vlm.kind == "llava_next" else "LlamaForCausalLM"
+    assert _path_line(caplog).startswith("path: paged attention")
+    assert f"its {text_class} text model" in _path_line(caplog)
     runner = engine._runner
-    assert isinstance(runner, VisionRunner) and not engine._scheduler.blocks.prefix_caching
+    assert isinstance(runner, PagedVisionRunner) and engine._scheduler.blocks.prefix_caching
     a, b = png(50, 70, 11), png(50, 70, 12)
     sink = Collector()
     first = _request(vlm, "a", a, info.eos_token_ids)
@@ -115,22 +150,76 @@ def test_greedy_tokens_equal_generate_per_image(vlm: SimpleNamespace,
     assert sink.wait("text")[-1].error is None
     assert sink.events("a")[0].prompt_tokens == len(first.prompt_token_ids)
     assert runner.images_encoded == 2 and runner.held_features == 0
-    # The same image again: encoded again (no cache across sequences), same tokens.
-    engine.submit(_request(vlm, "a2", a, info.eos_token_ids), sink)
-    assert token_ids(sink.wait("a2")) == got_a and runner.images_encoded == 3
+    assert runner.embeds_steps >= 2
 
 
-def test_preempted_image_sequences_are_re_encoded(llava_next: SimpleNamespace,
-                                                  start: Callable[..., XeonEngine]) -> None:
-    """A cache too small for both: the one preempted is re-prefilled from its tokens, its
-    image encoded again, and both still get transformers' tokens."""
+def test_prefix_cache_keys_blocks_on_the_image(vlm: SimpleNamespace,
+                                               start: Callable[..., XeonEngine]) -> None:
+    """One after the other: the same text with another image hits only the blocks before
+    the image; the same image and text again hits every full block but the last, and both
+    still give transformers' tokens."""
+    engine = start(vlm)
+    runner = engine._runner
+    eos = engine.info.eos_token_ids
+    a, b = png(64, 48, 41), png(64, 48, 42)
+    sink = Collector()
+    first = _request(vlm, "a", a, eos)
+    engine.submit(first, sink)
+    want_a = _reference(vlm, a)
+    assert token_ids(sink.wait("a")) == want_a
+    _settle(engine)
+    image, prompt = first.images[0], len(first.prompt_token_ids)
+
+    before = _hits(engine)
+    engine.submit(_request(vlm, "b", b, eos), sink)
+    assert token_ids(sink.wait("b")) == _reference(vlm, b)
+    assert _hits(engine) - before == image.offset // BLOCK * BLOCK  # the text before it only
+    _settle(engine)
+
+    before, encoded = _hits(engine), runner.images_encoded
+    engine.submit(_request(vlm, "a2", a, eos), sink)
+    assert token_ids(sink.wait("a2")) == want_a
+    hit = (prompt - 1) // BLOCK * BLOCK  # every full block but the one holding the last token
+    assert _hits(engine) - before == hit
+    # The tower runs again only for placeholders outside the cached blocks.
+    assert runner.images_encoded == encoded + (image.offset + image.length > hit)
+
+
+def test_the_fallback_path_still_serves_images(llava_next: SimpleNamespace,
+                                               start: Callable[..., XeonEngine],
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """``forward=fallback``: per-sequence caches, no prefix caching, the same tokens."""
+    vlm = llava_next
+    caplog.set_level("INFO", logger="switchyard.xeon")
+    engine = start(vlm, options={"forward": "fallback"})
+    assert _path_line(caplog).startswith("path: fallback")
+    assert "forward=fallback" in _path_line(caplog)
+    runner = engine._runner
+    assert isinstance(runner, VisionRunner) and not engine._scheduler.blocks.prefix_caching
+    a, b = png(50, 70, 11), png(50, 70, 12)
+    sink = Collector()
+    engine.submit(_request(vlm, "a", a, engine.info.eos_token_ids), sink)
+    engine.submit(_request(vlm, "b", b, engine.info.eos_token_ids), sink)
+    assert token_ids(sink.wait("a")) == _reference(vlm, a)
+    assert token_ids(sink.wait("b")) == _reference(vlm, b)
+    assert runner.images_encoded == 2 and runner.held_features == 0
+
+
+@pytest.mark.parametrize("prefix_caching", ["true", "false"])
+def test_preempted_image_sequences_still_match(llava_next: SimpleNamespace,
+                                               start: Callable[..., XeonEngine],
+                                               prefix_caching: str) -> None:
+    """A cache too small for both: the one preempted is re-prefilled from its tokens (its
+    image encoded again, unless the prefix cache still holds it), and both still get
+    transformers' tokens."""
     vlm = llava_next
     pictures = [png(50, 70, 21), png(70, 50, 22)]
     lengths = [len(_request(vlm, "x", p, ()).prompt_token_ids) for p in pictures]
     # Both prompts are prefilled in one step and fit; their generations do not, so the newer
     # is preempted while both decode.
-    blocks = sum(-(-n // 4) for n in lengths) + 1  # their prompts' blocks, and the reserve's
-    engine = start(vlm, max_batch_total_tokens=4 * blocks,
+    blocks = sum(-(-n // BLOCK) for n in lengths) + 1  # their prompts' blocks, and the reserve's
+    engine = start(vlm, options={"prefix_caching": prefix_caching},
+                   max_batch_total_tokens=BLOCK * blocks,
                    max_total_tokens=max(lengths) + MAX_NEW, max_batch_prefill_tokens=sum(lengths))
     sink = Collector()
     for i, picture in enumerate(pictures):
@@ -138,21 +227,35 @@ def test_preempted_image_sequences_are_re_encoded(llava_next: SimpleNamespace,
     for i, picture in enumerate(pictures):
         assert token_ids(sink.wait(f"p{i}")) == _reference(vlm, picture, ignore_eos=True)
     assert engine.cache_stats().preemptions > 0
-    assert engine._runner.images_encoded > 2
+    if prefix_caching == "false":
+        assert engine._runner.images_encoded > 2
 
 
-def test_an_aborted_prefill_lets_its_features_go(llava_next: SimpleNamespace,
-                                                 start: Callable[..., XeonEngine]) -> None:
-    engine = start(llava_next)
+def test_an_aborted_prefill_frees_its_blocks_and_features(
+        llava_next: SimpleNamespace, start: Callable[..., XeonEngine]) -> None:
+    """Aborted while its image is half fed: no block stays held, no features stay kept."""
+    engine = start(llava_next, max_batch_prefill_tokens=BLOCK)
     sink = Collector()
     request = _request(llava_next, "gone", png(64, 64, 31), engine.info.eos_token_ids)
+    image = request.images[0]
     engine.submit(request, sink)
+    deadline = time.monotonic() + 30
+    seq = None
+    while time.monotonic() < deadline:  # until the image is part fed
+        seq = engine._scheduler.find("gone")
+        if seq is not None and image.offset < seq.num_cached < image.offset + image.length - BLOCK:
+            break
+        time.sleep(0.001)
+    assert seq is not None and seq.num_cached < len(request.prompt_token_ids)
     engine.abort("gone")
-    sink.wait("gone")
+    assert sink.wait("gone")[-1].finish_reason is not None
+    del seq
     deadline = time.monotonic() + 10
-    while engine._runner.held_features and time.monotonic() < deadline:
+    while (engine._runner.held_features or engine.cache_stats().used_blocks) \
+            and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine._runner.held_features == 0
+    assert engine.cache_stats().used_blocks == 0
 
 
 def test_a_text_model_refuses_images(make_engine: Callable[..., XeonEngine]) -> None:

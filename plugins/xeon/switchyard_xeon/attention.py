@@ -12,6 +12,12 @@ never see each other and no padding is needed.
 
 The name is registered with ``AttentionInterface`` only: because it is absent
 from ``AttentionMaskInterface``, transformers skips building masks entirely.
+
+Two extra score terms ride along every path (native kernels and SDPA alike):
+logit soft-capping (Gemma 2's ``softcap``, passed by transformers) and ALiBi
+slopes (Bloom, MPT, Falcon, whose attention modules
+:mod:`switchyard_xeon.alibi_attention` replaces, since they do not call the
+attention interface).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
+from switchyard_xeon.kernels.reference import biased_attention
 from switchyard_xeon.kv_cache import PagedKVCache, context
 
 ATTN_NAME = "switchyard_xeon"
@@ -120,15 +127,16 @@ def packed_attention(
     step = kwargs.get(STEP_KWARG)
     if not isinstance(step, StepMetadata):
         raise RuntimeError(f"{ATTN_NAME} attention needs {STEP_KWARG}= in the forward call")
-    if softcap is not None or s_aux is not None:
-        # model_paths sends models with either to the fallback path; reaching here means a
-        # model asked for them without its config or modules showing it: fail, never ignore.
-        raise RuntimeError(f"{ATTN_NAME} attention was asked for logit soft-capping or "
-                           "attention sinks, which the paged kernels do not compute; "
-                           "serve this model with --engine-option forward=fallback")
+    if s_aux is not None:
+        # model_paths sends models with sinks to the fallback path; reaching here means a
+        # model asked for them without its modules showing it: fail, never ignore.
+        raise RuntimeError(f"{ATTN_NAME} attention was asked for attention sinks, which the "
+                           "paged kernels do not compute; serve this model with "
+                           "--engine-option forward=fallback")
     layer = int(module.layer_idx)
     step.cache.write(layer, step.slots, key[0], value[0])  # the step's new keys/values, one copy
-    out = attend_packed(layer, query[0], key[0], value[0], step, scaling, sliding_window)
+    out = attend_packed(layer, query[0], key[0], value[0], step, scaling, sliding_window,
+                        softcap=softcap)
     return out.unsqueeze(0), None
 
 
@@ -140,30 +148,38 @@ def attend_packed(
     step: StepMetadata,
     scaling: float | None,
     sliding_window: int | None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of layer ``layer`` for a packed batch whose new keys/values are already cached.
 
     ``q`` is [heads, T, head_dim], ``k``/``v`` [kv_heads, T, head_dim] (the new
-    tokens; views of wider buffers are fine). Returns [T, heads, head_dim].
+    tokens; views of wider buffers are fine). ``softcap`` soft-caps the scaled
+    scores (``softcap * tanh(s / softcap)``, Gemma 2); ``alibi_slopes`` (fp32
+    [heads]) adds ``slope[h] * (j - i)`` to the score of the query at position
+    ``i`` and the key at ``j``. Returns [T, heads, head_dim].
     """
     cache = step.cache
     dec = step.decode
+    cap = float(softcap) if softcap else 0.0
     if dec is not None:
         window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
         if dec.rows is None:  # every token decodes: the kernel's output is the whole answer
             return dec.kernel(_dense_heads(q.transpose(0, 1)), cache.keys[layer],
-                              cache.values[layer], dec.tables, dec.lens, scale, window)
+                              cache.values[layer], dec.tables, dec.lens, scale, window,
+                              cap, alibi_slopes)
         qd = q.index_select(1, dec.rows).transpose(0, 1).contiguous()
         o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
-                       scale, window)
+                       scale, window, cap, alibi_slopes)
     pre = step.prefill
     if pre is not None:
         # Every other sequence in one call over the cache, which holds their new keys too.
         window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
         out = pre.kernel(_dense_heads(q.transpose(0, 1)), cache.keys[layer], cache.values[layer],
-                         pre.tables, pre.lens, pre.starts, pre.counts, scale, window)
+                         pre.tables, pre.lens, pre.starts, pre.counts, scale, window,
+                         cap, alibi_slopes)
         if dec is not None:
             out.index_copy_(0, dec.rows, o)
         return out
@@ -182,7 +198,8 @@ def attend_packed(
         else:
             keys = context(cached_k, span[0], span[1], length)
             values = context(cached_v, span[0], span[1], length)
-        result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window)
+        result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window,
+                         cap, alibi_slopes)
         out[off : off + n] = result.transpose(0, 1)
     return out
 
@@ -200,12 +217,27 @@ def _attend(
     v: torch.Tensor,
     scale: float | None,
     window: int | None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One sequence: q [heads, n, d] over k/v [kv_heads, L, d] whose last n rows are q's own."""
+    """One sequence: q [heads, n, d] over k/v [kv_heads, L, d] whose last n rows are q's own.
+
+    ``softcap`` > 0 and ``alibi_slopes`` as :func:`attend_packed` takes them.
+    """
     heads, n, dim = q.shape
     kv_heads, length, _ = k.shape
     if window is not None and window > 0 and length > window and n == 1:
         k, v, length = k[:, -window:], v[:, -window:], window
+    if softcap > 0 or alibi_slopes is not None:
+        # SDPA cannot soft-cap, and a per-head bias would be a float mask as large as the
+        # scores anyway: write the scores out (fp32), as the native kernels compute them.
+        qpos = torch.arange(length - n, length, device=q.device)[:, None]
+        kpos = torch.arange(length, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if window is not None and window > 0:
+            mask &= kpos > qpos - window
+        return biased_attention(q, k, v, mask, kpos - qpos,
+                                scale if scale is not None else dim**-0.5, softcap, alibi_slopes)
     if n == 1:
         # Decode: the one query sees every key, so no mask; folding the query
         # heads of a group into the sequence axis shares each K/V head without

@@ -7,12 +7,18 @@ block_size]``. A table grows as its sequence does (``ceil(len / block_size)``
 blocks, never the worst case up front).
 
 Prefix caching: once a block is full and computed, it is named by a chained
-hash, ``H(parent hash, its token ids)``, so equal hashes mean equal *prefixes*,
-not merely equal blocks. A new sequence whose leading full blocks hash to
-cached ones shares them (their reference count goes up) and computes only the
-rest. When the last holder of a hashed block lets go, the block is not wiped:
-it joins an LRU of evictable blocks and keeps its hash until the pool runs out
-of never-hashed blocks and it is reused.
+hash, ``H(parent hash, its token ids, its extra key)``, so equal hashes mean
+equal *prefixes*, not merely equal blocks. The extra key is empty for plain
+text (the hash is then ``H(parent hash, its token ids)``); it carries what
+the token ids do not say about a block's keys and values: for a block that
+covers an image's placeholder tokens, the image's content hash and place
+(:meth:`~switchyard_xeon.sequence.Sequence.block_keys`), so two prompts whose
+text is equal and whose images differ part at the first block of the image.
+A new sequence whose leading full blocks hash to cached ones shares them
+(their reference count goes up) and computes only the rest. When the last
+holder of a hashed block lets go, the block is not wiped: it joins an LRU of
+evictable blocks and keeps its hash until the pool runs out of never-hashed
+blocks and it is reused.
 
 Three kinds of block, and where they live:
 
@@ -29,7 +35,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 ROOT_HASH = b""
@@ -41,9 +47,17 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """The name of a full block: SHA-256 of its parent's name and its token ids."""
-    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+BlockKeys = Callable[[int], bytes]
+"""The extra key of a sequence's full block ``i`` (``b""`` for none): see :func:`chain_hash`."""
+
+
+def chain_hash(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
+    """The name of a full block: SHA-256 of its parent's name, its token ids and ``extra``.
+
+    ``extra`` is what else the block's keys and values depend on (an image's
+    content hash); empty, the name is that of the token ids alone.
+    """
+    return hashlib.sha256(parent + array("q", tokens).tobytes() + extra).digest()
 
 
 @dataclass(frozen=True)
@@ -115,12 +129,13 @@ class BlockManager:
         return (len(self.table(seq_id)) + self.num_free_blocks) * self.block_size
 
     # ------------------------------------------------------ prefix caching
-    def lookup(self, tokens: Sequence[int]) -> PrefixHit:
+    def lookup(self, tokens: Sequence[int], keys: BlockKeys | None = None) -> PrefixHit:
         """The cached blocks holding the longest full-block prefix of ``tokens``.
 
-        At least the last token is always left to compute (a forward pass must
-        produce the logits of the next token), so a prompt that is entirely
-        cached reuses all but its last block.
+        ``keys`` gives each full block's extra key (see :func:`chain_hash`);
+        None for plain text. At least the last token is always left to compute
+        (a forward pass must produce the logits of the next token), so a prompt
+        that is entirely cached reuses all but its last block.
         """
         if not self.prefix_caching:
             return PrefixHit(block_size=self.block_size)
@@ -129,7 +144,8 @@ class BlockManager:
         hashes: list[bytes] = []
         parent = ROOT_HASH
         for i in range((len(tokens) - 1) // bs):
-            digest = chain_hash(parent, tokens[i * bs : (i + 1) * bs])
+            digest = chain_hash(parent, tokens[i * bs : (i + 1) * bs],
+                                keys(i) if keys is not None else b"")
             block = self._block_of.get(digest)
             if block is None:
                 break
@@ -168,10 +184,12 @@ class BlockManager:
         table.extend(self._take() for _ in range(more))
         return True
 
-    def commit(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+    def commit(self, seq_id: int, tokens: Sequence[int], num_computed: int,
+               keys: BlockKeys | None = None) -> None:
         """Record that ``tokens[:num_computed]`` of ``seq_id`` are now in the cache.
 
-        Blocks that became full are named, so later sequences can share them.
+        Blocks that became full are named (with their extra ``keys``, as in
+        :meth:`lookup`), so later sequences can share them.
         """
         chain = self._chains.get(seq_id)
         if chain is None or not self.prefix_caching:
@@ -180,7 +198,8 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(chain), num_computed // bs):
             parent = chain[-1] if chain else ROOT_HASH
-            digest = chain_hash(parent, tokens[i * bs : (i + 1) * bs])
+            digest = chain_hash(parent, tokens[i * bs : (i + 1) * bs],
+                                keys(i) if keys is not None else b"")
             chain.append(digest)
             block = table[i]
             # The same prefix computed twice at once: the first copy keeps the name.

@@ -55,7 +55,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
-from switchyard_xeon import attention, machine, quantized, vision
+from switchyard_xeon import alibi_attention, attention, machine, quantized, vision
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -236,15 +236,18 @@ class XeonEngine(Engine):
                         f" over quantized weights (--quantize {method.name})" if method else "")
         # Paged attention or the fallback, decided before loading: a model class that does not
         # know the engine's attention name fails inside transformers when given it.
-        # A vision-language model (Llava-Next, Llava) takes the fallback with its images.
+        # A vision-language model (Llava-Next, Llava) runs its text model on the paged path
+        # and its images as input embeddings (switchyard_xeon/vision.py).
         kind = vision.vision_model(self.config.model_path)
         if kind is not None and method is not None:
             raise EngineStartError(f"xeon engine: --quantize {method.name} is not supported for "
                                    f"{kind.class_name} (vision-language) models yet")
-        path = (ForwardPath(False, f"{kind.class_name}: images through its vision tower")
-                if kind is not None else choose_path(self.config.model_path, forced_fallback=(
-                    _option(self.config.options, "forward", FORWARDS) == "fallback")))
-        attn_name = attention.register() if path.paged else None
+        forced = _option(self.config.options, "forward", FORWARDS) == "fallback"
+        path = (vision.choose_vision_path(self.config.model_path, kind, forced)
+                if kind is not None else choose_path(self.config.model_path,
+                                                     forced_fallback=forced))
+        # ALiBi models load with their own attention; alibi_attention replaces it below.
+        attn_name = attention.register() if path.paged and not path.alibi else None
         logger.info("loading %s as %s", self.config.model_path, str(dtype).removeprefix("torch."))
         if method is not None and method.load is not None:
             # A checkpoint method: its layers come quantized from the folder, the rest float.
@@ -256,7 +259,7 @@ class XeonEngine(Engine):
             logger.info("--quantize %s: %s", method.name, checkpoint.source)
         elif kind is not None:
             loaded = vision.load_vision_lm(self.config.model_path, kind,
-                                           str(dtype).removeprefix("torch."))
+                                           str(dtype).removeprefix("torch."), attn_name)
         else:
             loaded = load_causal_lm(
                 self.config.model_path,
@@ -267,11 +270,14 @@ class XeonEngine(Engine):
             loaded = dataclasses.replace(
                 loaded, info=msgspec.structs.replace(loaded.info, dtype="bfloat16"))
         logger.info("loaded %s model in %.2fs", loaded.info.model_type, loaded.seconds)
-        if path.paged and (why := loaded_model_unsupported(loaded.model)):
+        # What the paged path runs: a vision model's text model, as its causal LM class.
+        causal = vision.text_causal_lm(loaded.model) if kind is not None else loaded.model
+        if path.paged and (why := loaded_model_unsupported(causal)):
             path = ForwardPath(False, why)  # what only the modules show (attention sinks)
             use_default_attention(loaded.model)
+        alibi_forward = alibi_attention.install(loaded.model) if path.alibi else None
         if path.paged:
-            check_supported(loaded.model)
+            check_supported(causal)
         else:
             cache_dtype = dtype  # the model's own cache holds what its attention computes
         logger.info("path: %s; attention %s", path.describe(),
@@ -290,6 +296,10 @@ class XeonEngine(Engine):
             logger.info("--quantize %s: %s", method.name, line)
         forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method, statistics,
                                           fallback=not path.paged)
+        if alibi_forward is not None:  # transformers' forward would rebuild alibi and masks
+            forward = alibi_forward
+            logger.info("forward: the model's blocks with the engine's ALiBi attention "
+                        "(switchyard_xeon/alibi_attention.py)")
         shape = cache_shape(loaded.model.config)
         limits, plan = resolve_limits(
             self.config, loaded.info, shape.bytes_per_token(cache_dtype),
@@ -325,7 +335,9 @@ class XeonEngine(Engine):
         else:
             logger.info("prefill attention: %s", "native paged kernel (C++)"
                         if prefill is not None else "SDPA per sequence")
-            self._runner = ModelRunner(forward, cache, blocks, kernel, prefill)
+            self._runner = (vision.PagedVisionRunner(forward, cache, blocks, loaded.model, kernel,
+                                                     prefill) if kind is not None
+                            else ModelRunner(forward, cache, blocks, kernel, prefill))
         self._scheduler = Scheduler(limits, blocks)
         self._admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                                     watermark, takes_images=loaded.info.takes_images)
@@ -385,6 +397,8 @@ class XeonEngine(Engine):
         logger.info("linears: %s", report.describe())
         if fallback:  # the model's own forward and attention: nothing more to choose
             return None, None  # type: ignore[return-value]
+        if vision.is_vision_lm(model):  # its text model runs the packed steps (all packed now)
+            model = vision.text_causal_lm(model)
         if mode == "sdpa":
             logger.info("decode attention: SDPA per sequence (attention=sdpa)")
         else:

@@ -46,6 +46,9 @@ def cache_shape(config: object) -> CacheShape:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    if getattr(text, "model_type", None) == "falcon":  # its own names: one K/V head under MQA
+        kv_heads = (int(text.num_kv_heads) if text.new_decoder_architecture
+                    else 1 if text.multi_query else heads)
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return CacheShape(int(text.num_hidden_layers), kv_heads, int(head_dim))
 

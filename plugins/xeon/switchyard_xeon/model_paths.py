@@ -4,7 +4,10 @@ The paged path (:mod:`switchyard_xeon.runner`) plugs the engine's attention
 into transformers' model code through its attention interface, so it needs a
 model class that calls attention through that interface, accepts
 ``logits_to_keep``, and asks of attention nothing the engine's kernels lack
-(logit soft-capping, attention sinks). Every other causal LM that
+(attention sinks; logit soft-capping, as Gemma 2 asks, they compute). The
+ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) do not call that
+interface, but take the paged path too: :mod:`switchyard_xeon.alibi_attention`
+replaces their attention modules after loading. Every other causal LM that
 transformers runs takes the fallback (:mod:`switchyard_xeon.fallback`): the
 model's own attention over transformers' cache (prefills per sequence, decode
 rows in one left-padded batch where the model's cache allows).
@@ -27,6 +30,8 @@ import torch
 
 from switchyard.engine.loading import checked_config
 
+from switchyard_xeon import alibi_attention
+
 logger = logging.getLogger("switchyard.xeon")
 
 
@@ -36,9 +41,14 @@ class ForwardPath:
 
     paged: bool
     reason: str
+    alibi: bool = False
+    """Paged through :mod:`switchyard_xeon.alibi_attention`: the model loads with its own
+    attention, whose modules are then replaced."""
 
     def describe(self) -> str:
         """The start-up log line's text."""
+        if self.alibi:
+            return f"paged attention, the model's ALiBi attention modules replaced ({self.reason})"
         if self.paged:
             return f"paged attention through transformers' attention interface ({self.reason})"
         # How its decode rows run (padded batch or per sequence) is logged by the runner.
@@ -49,14 +59,12 @@ def class_unsupported(model_class: type, config: object) -> str:
     """'' when ``model_class`` with ``config`` can take the paged attention, else why not."""
     name = model_class.__name__
     if not getattr(model_class, "_supports_attention_backend", False):
-        alibi = getattr(config, "alibi", False) or getattr(
-            getattr(config, "attn_config", None), "alibi", False) or config.model_type == "bloom"
-        what = "ALiBi position biases inside its own attention" if alibi else "its own attention code"
-        return f"{name} does not use transformers' attention interface ({what})"
+        why = alibi_attention.unsupported(model_class, config)
+        if why is not None:  # an ALiBi family: '' when its attention can be replaced
+            return why
+        return f"{name} does not use transformers' attention interface (its own attention code)"
     if "logits_to_keep" not in inspect.signature(model_class.forward).parameters:
         return f"{name}.forward does not accept logits_to_keep"
-    if getattr(config, "attn_logit_softcapping", None):
-        return f"{name} soft-caps attention logits, which the paged kernels do not"
     return ""
 
 
@@ -87,7 +95,12 @@ def choose_path(model_path: str | Path, forced_fallback: bool = False) -> Forwar
     why = class_unsupported(model_class, config)
     if why:
         return ForwardPath(False, why)
-    return ForwardPath(True, f"{model_class.__name__}")
+    name = model_class.__name__
+    if alibi_attention.unsupported(model_class, config) == "":
+        return ForwardPath(True, f"{name}: ALiBi biases in the paged kernels", alibi=True)
+    if getattr(config, "attn_logit_softcapping", None):
+        return ForwardPath(True, f"{name}: logit soft-capping in the paged kernels")
+    return ForwardPath(True, name)
 
 
 def use_default_attention(model: torch.nn.Module) -> str:

@@ -11,6 +11,7 @@ import inspect
 import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -24,6 +25,7 @@ from switchyard.engine.logprobs import prompt_scores
 from switchyard.engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError, TopToken
 
+from switchyard_xeon import alibi_attention
 from switchyard_xeon.attention import DecodeRows, PrefillRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
 from switchyard_xeon.decoder import PackedForward
@@ -35,20 +37,30 @@ from switchyard_xeon.sequence import Sequence
 def check_supported(model: torch.nn.Module) -> None:
     """Raise EngineStartError unless the architecture can run on the packed path.
 
-    The engine needs transformers' pluggable attention (to reach its cache)
-    and ``logits_to_keep`` (to project only last tokens onto the vocabulary),
-    and its attention supports neither logit soft-capping nor attention sinks.
+    The engine needs transformers' pluggable attention (to reach its cache),
+    or an ALiBi model whose attention :mod:`switchyard_xeon.alibi_attention`
+    replaced, and ``logits_to_keep`` (to project only last tokens onto the
+    vocabulary); its attention does not support attention sinks.
     """
     name = type(model).__name__
+    if alibi_attention.installed(model):
+        return
     if not getattr(type(model), "_supports_attention_backend", False):
         raise EngineStartError(f"{name} does not use transformers' attention interface")
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise EngineStartError(f"{name}.forward does not accept logits_to_keep")
-    # The packed attention has neither: refuse the model now rather than fail every request.
-    if getattr(getattr(model, "config", None), "attn_logit_softcapping", None):
-        raise EngineStartError(f"{name} soft-caps attention logits, which the engine does not support")
+    # The packed attention has none: refuse the model now rather than fail every request.
     if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
         raise EngineStartError(f"{name} uses attention sinks, which the engine does not support")
+
+
+class PackedStep(NamedTuple):
+    """One step's packed batch, as a :class:`PackedForward` takes it (see its docstring)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    keep: torch.Tensor
+    step: StepMetadata
 
 
 @dataclass
@@ -237,6 +249,10 @@ class ModelRunner:
 
         ``keep`` defaults to each sequence's last position ([len(seqs), vocab]).
         """
+        return self._forward(*self.pack(seqs, keep))
+
+    def pack(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> PackedStep:
+        """The step's packed inputs: what a :class:`PackedForward` takes."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -282,7 +298,7 @@ class ModelRunner:
         )
         if keep is None:
             keep = last
-        return self._forward(
+        return PackedStep(
             torch.tensor(ids, device=self.device),
             torch.tensor(positions, device=self.device),
             torch.tensor(keep, dtype=torch.long, device=self.device),

@@ -23,6 +23,9 @@ limits are TGI's:
   (preempted sequences resuming are not held back). The budget clause is
   ours: TGI holds a budget-filling group back too.
 
+Prefix-cache lookups and commits key blocks that cover image placeholders on
+the images too (:meth:`Sequence.block_keys`).
+
 Admission is first-come first-served and stops at the first request that does
 not fit, so a large request is never starved by smaller ones behind it. A new
 sequence is only admitted when its whole prompt fits in the free blocks with
@@ -147,7 +150,8 @@ class Scheduler:
         for seq in batch:
             seq.num_cached += seq.num_scheduled
             seq.num_scheduled = 0
-            self.blocks.commit(seq.seq_id, seq.tokens, seq.num_cached)
+            self.blocks.commit(seq.seq_id, seq.tokens, seq.num_cached,
+                               seq.block_keys(self.blocks.block_size))
 
     def finish(self, seq: Sequence) -> None:
         """Drop a sequence from wherever it is and free its blocks."""
@@ -203,7 +207,7 @@ class Scheduler:
             seq = self.waiting[0]
             # Prompt log-probs need every prompt position computed: no cache hits.
             hit = (PrefixHit(block_size=self.blocks.block_size) if seq.wants_prompt_logprobs
-                   else self.blocks.lookup(seq.tokens))
+                   else self.blocks.lookup(seq.tokens, seq.block_keys(self.blocks.block_size)))
             # Its whole prompt must fit now, although only the first chunk's blocks are taken.
             reserve = self.reserve_blocks * self.blocks.block_size if self.running else 0
             if self.blocks.room(seq.seq_id, hit) - reserve < len(seq.tokens):

@@ -10,6 +10,11 @@ Preemption drops the cache (``num_cached`` back to 0) but keeps ``tokens``
 and the sampling state, so the sequence is re-prefilled from its prompt *and*
 its generated tokens and continues exactly where it stopped.
 
+A prompt with images names the images in its cached blocks' hashes:
+:meth:`Sequence.block_keys` gives the block manager each full block's extra
+key (empty for blocks that cover no image placeholder, so text hashes as
+text).
+
 Pure Python.
 """
 
@@ -19,6 +24,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from switchyard.engine.sequence import BaseSequence
+from switchyard_spec import ImageInput
+
+from switchyard_xeon.block_manager import BlockKeys
 
 _ids = itertools.count()
 
@@ -64,3 +72,24 @@ class Sequence(BaseSequence):
     def samples(self) -> bool:
         """Whether the coming step ends at the last token, and so samples the next one."""
         return self.num_cached + self.num_scheduled == len(self.tokens)
+
+    def block_keys(self, block_size: int) -> BlockKeys | None:
+        """The extra prefix-cache key of each full block (None for a prompt without images).
+
+        A block that covers any placeholder token of an image is keyed on that
+        image's ``content_hash`` and its place in the prompt (offset and
+        length), so the same text with different images parts at the image's
+        first block, and blocks after it inherit the difference through the
+        chained hash; blocks before the first image key on their ids alone.
+        """
+        images = self.request.images
+        if not images:
+            return None
+        return lambda index: image_block_key(images, index * block_size,
+                                             (index + 1) * block_size)
+
+
+def image_block_key(images: tuple[ImageInput, ...], start: int, end: int) -> bytes:
+    """The extra key of the block of positions ``start .. end``: its images, in prompt order."""
+    return b"".join(f"{i.offset}:{i.length}:{i.content_hash};".encode()
+                    for i in images if i.offset < end and start < i.offset + i.length)

@@ -41,7 +41,6 @@ import logging
 import os
 import platform
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -60,22 +59,40 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "f
 _HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
-PagedDecodeFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int],
-    torch.Tensor,
-]
-"""``(q [B, H, D], k_pool, v_pool, block_tables int32 [B, n], context_lens int32 [B],
-scale, window) -> [B, H, D]``; ``window`` 0 means no sliding window."""
+class PagedDecodeFn(Protocol):
+    """Paged decode attention (``paged_attention.cpp``, or its reference in PyTorch)."""
 
-PagedPrefillFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-     torch.Tensor, float, int],
-    torch.Tensor,
-]
-"""``(q fp32 [T, H, D], k_pool, v_pool, block_tables int32 [S, n], context_lens int32 [S],
-query_starts int32 [S], query_lens int32 [S], scale, window) -> [T, H, D]``: sequence
-``s``'s rows of ``q`` attend causally over its cached context, their own keys included
-(see :func:`~switchyard_xeon.kernels.reference.paged_prefill_reference`)."""
+    def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                 window: int, softcap: float = 0.0,
+                 alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+        """``q`` [B, H, D] over each row's first ``context_lens[b]`` cached tokens -> [B, H, D].
+
+        ``block_tables`` int32 [B, n], ``context_lens`` int32 [B]; ``window`` 0
+        means no sliding window; ``softcap`` > 0 soft-caps the scaled scores
+        (``softcap * tanh(s / softcap)``); ``alibi_slopes`` (fp32 [H]) adds
+        ``slope[h] * (j - i)`` for key position ``j`` and query position ``i``.
+        """
+        ...
+
+
+class PagedPrefillFn(Protocol):
+    """Paged prefill attention (``paged_prefill.cpp``, or its reference in PyTorch)."""
+
+    def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor,
+                 query_starts: torch.Tensor, query_lens: torch.Tensor, scale: float,
+                 window: int, softcap: float = 0.0,
+                 alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+        """``q`` fp32 [T, H, D] -> [T, H, D]: sequence ``s``'s rows attend causally over its cache.
+
+        ``block_tables`` int32 [S, n], ``context_lens``, ``query_starts`` and
+        ``query_lens`` int32 [S]; the rows include their own keys (see
+        :func:`~switchyard_xeon.kernels.reference.paged_prefill_reference`);
+        ``window``, ``softcap`` and ``alibi_slopes`` as :class:`PagedDecodeFn`
+        takes them.
+        """
+        ...
 
 
 class FusedOps(Protocol):

@@ -35,14 +35,21 @@ if TYPE_CHECKING:
 
 
 def check_decode(op: PagedDecodeFn) -> str:
-    """Compare the attention kernel with plain SDPA on a small scattered cache; '' when they agree."""
+    """Compare the attention kernel with plain SDPA on a small scattered cache; '' when they agree.
+
+    Also soft-capped scores (Gemma 2) and ALiBi biases (Bloom, MPT, Falcon),
+    against the written-out scores of the reference.
+    """
     from switchyard_xeon.kernels.reference import paged_decode_reference
 
     gen = torch.Generator().manual_seed(0)
-    cases = ((torch.float32, torch.float32, 64, 0, 1e-4),
-             (torch.bfloat16, torch.bfloat16, 80, 7, 2e-2),
-             (torch.float32, torch.bfloat16, 64, 5, 1e-4))  # bf16 pools under an fp32 q
-    for dtype, pool_dtype, dim, window, tol in cases:
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.7, 0.03])
+    cases = ((torch.float32, torch.float32, 64, 0, 1e-4, 0.0, None),
+             (torch.bfloat16, torch.bfloat16, 80, 7, 2e-2, 0.0, None),
+             (torch.float32, torch.bfloat16, 64, 5, 1e-4, 0.0, None),  # bf16 pools, fp32 q
+             (torch.float32, torch.bfloat16, 64, 5, 1e-4, 2.0, None),
+             (torch.float32, torch.float32, 80, 0, 1e-4, 0.0, slopes))
+    for dtype, pool_dtype, dim, window, tol, softcap, alibi in cases:
         kv_heads, heads, blocks, size = 2, 6, 12, 4
         k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
         v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
@@ -50,13 +57,14 @@ def check_decode(op: PagedDecodeFn) -> str:
         tables = torch.tensor([[5, 2, 9], [1, 0, 0], [11, 3, 7]], dtype=torch.int32)
         lens = torch.tensor([10, 3, 12], dtype=torch.int32)
         try:
-            got = op(q, k, v, tables, lens, dim**-0.5, window)
+            got = op(q, k, v, tables, lens, dim**-0.5, window, softcap, alibi)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
-        want = paged_decode_reference(q, k, v, tables, lens, dim**-0.5, window)
+        want = paged_decode_reference(q, k, v, tables, lens, dim**-0.5, window, softcap, alibi)
         err = (got.float() - want.float()).abs().max().item()
         if not err <= tol:
-            return f"{dtype} q, {pool_dtype} pools: max error {err:.3g} > {tol}"
+            return (f"{dtype} q, {pool_dtype} pools, softcap {softcap}, alibi "
+                    f"{alibi is not None}: max error {err:.3g} > {tol}")
     return ""
 
 
@@ -106,13 +114,17 @@ def check_prefill(op: PagedPrefillFn) -> str:
     """Compare paged prefill attention with the SDPA reference; '' when they agree.
 
     Fresh prompts, a chunk after cached context, rows shared by two sequences'
-    neighbours, a sliding window, fp32 and bf16 pools, head_dim 64 and 128.
+    neighbours, a sliding window, fp32 and bf16 pools, head_dim 64 and 128,
+    soft-capped scores and ALiBi biases.
     """
     from switchyard_xeon.kernels.reference import paged_prefill_reference
 
     gen = torch.Generator().manual_seed(4)
-    for pool_dtype, dim, window in ((torch.float32, 64, 0), (torch.bfloat16, 128, 5),
-                                    (torch.bfloat16, 64, 0)):
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.7, 0.03])
+    for pool_dtype, dim, window, softcap, alibi in (
+            (torch.float32, 64, 0, 0.0, None), (torch.bfloat16, 128, 5, 0.0, None),
+            (torch.bfloat16, 64, 0, 0.0, None), (torch.bfloat16, 64, 5, 2.0, None),
+            (torch.float32, 128, 0, 0.0, slopes)):
         kv_heads, heads, blocks, size = 2, 6, 14, 4
         k = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
         v = torch.randn(kv_heads, blocks, size, dim, generator=gen).to(pool_dtype)
@@ -122,7 +134,7 @@ def check_prefill(op: PagedPrefillFn) -> str:
         lens = torch.tensor([10, 3, 19], dtype=torch.int32)
         starts = torch.tensor([0, 12, 15], dtype=torch.int32)  # rows 10, 11 and 29+ unowned
         counts = torch.tensor([10, 3, 14], dtype=torch.int32)  # the last after 5 cached
-        args = (q, k, v, tables, lens, starts, counts, dim**-0.5, window)
+        args = (q, k, v, tables, lens, starts, counts, dim**-0.5, window, softcap, alibi)
         try:
             got = op(*args)
         except Exception as exc:
@@ -131,7 +143,8 @@ def check_prefill(op: PagedPrefillFn) -> str:
         owned = torch.cat([torch.arange(0, 10), torch.arange(12, 29)])
         err = (got[owned] - want[owned]).abs().max().item()
         if not err <= 1e-4:
-            return f"paged prefill ({pool_dtype}, D={dim}) max error {err:.3g}"
+            return (f"paged prefill ({pool_dtype}, D={dim}, softcap {softcap}, alibi "
+                    f"{alibi is not None}) max error {err:.3g}")
     return ""
 
 

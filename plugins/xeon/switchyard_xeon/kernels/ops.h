@@ -9,9 +9,12 @@
 
 namespace switchyard_xeon {
 
+// softcap 0 and no slopes: plain attention (what decode_layers.cpp's Llama family uses).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale, int64_t window);
+                                  const at::Tensor& context_lens, double scale, int64_t window,
+                                  double softcap = 0.0,
+                                  const c10::optional<at::Tensor>& alibi_slopes = c10::nullopt);
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias, int64_t n);

@@ -10,6 +10,11 @@
 // Work is split over (sequence, kv head): the query heads of a GQA group share
 // every key/value row read, which is the only memory traffic that matters
 // here. Scores, softmax and the weighted sum accumulate in fp32.
+//
+// Two optional score terms, applied in this order after the scale and before
+// the softmax: logit soft-capping (softcap > 0: s = softcap * tanh(s / softcap),
+// Gemma 2) and ALiBi (alibi_slopes, fp32 [heads]: s += slope[head] * (j - i) for
+// the key at position j and the query at position i = context_len - 1).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -72,7 +77,7 @@ inline const float* as_float(const T* src, float* buf, int64_t n) {
 template <typename T, typename C, int DC>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                    const at::Tensor& tables, const at::Tensor& lens, at::Tensor& out,
-                   double scale, int64_t window) {
+                   double scale, int64_t window, double softcap, const float* slopes) {
   const int64_t batch = q.size(0), heads = q.size(1);
   const int64_t D = DC > 0 ? DC : q.size(2);
   const int64_t kv_heads = k_pool.size(0), num_blocks = k_pool.size(1);
@@ -86,6 +91,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
   const int32_t* lp = lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
+  const float cap = static_cast<float>(softcap), inv_cap = softcap > 0 ? 1.f / cap : 0.f;
 
   const int64_t block_bytes = block_size * D * static_cast<int64_t>(sizeof(C));
   // The first key row of work item `work` (-1: none), to request ahead of it.
@@ -153,6 +159,18 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
       });
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * span;
+        if (softcap > 0) {
+          for (int64_t i = 0; i < span; ++i) sg[i] = cap * std::tanh(sg[i] * inv_cap);
+        }
+        if (slopes != nullptr) {
+          // Key first + i against the query at length - 1: a distance of
+          // first + i - (length - 1) <= 0, exact in fp32 as an integer, so the
+          // bias of the keys that matter stays near zero whatever the position.
+          const float slope = slopes[h * group + g];
+          for (int64_t i = 0; i < span; ++i) {
+            sg[i] += slope * static_cast<float>(first + i - (length - 1));
+          }
+        }
         float m = sg[0];
         for (int64_t i = 1; i < span; ++i) m = std::max(m, sg[i]);
         float sum = 0.f;
@@ -182,17 +200,18 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
 template <typename T, typename C = T>
 void dispatch_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& t, const at::Tensor& n, at::Tensor& out, double scale,
-                  int64_t window) {
+                  int64_t window, double softcap, const float* slopes) {
   switch (q.size(2)) {
-    case 64: decode_kernel<T, C, 64>(q, k, v, t, n, out, scale, window); break;
-    case 128: decode_kernel<T, C, 128>(q, k, v, t, n, out, scale, window); break;
-    default: decode_kernel<T, C, 0>(q, k, v, t, n, out, scale, window);
+    case 64: decode_kernel<T, C, 64>(q, k, v, t, n, out, scale, window, softcap, slopes); break;
+    case 128: decode_kernel<T, C, 128>(q, k, v, t, n, out, scale, window, softcap, slopes); break;
+    default: decode_kernel<T, C, 0>(q, k, v, t, n, out, scale, window, softcap, slopes);
   }
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& v_pool, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale, int64_t window) {
+                                  const at::Tensor& context_lens, double scale, int64_t window,
+                                  double softcap, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
               "paged_decode_attention: q [B, H, D], pools [KVH, blocks, block_size, D]");
   const bool bf16_pools = q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kBFloat16;
@@ -212,14 +231,25 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() &&
               block_tables.is_contiguous() && context_lens.is_contiguous(),
               "paged_decode_attention: inputs must be contiguous");
+  TORCH_CHECK(softcap >= 0, "paged_decode_attention: softcap must be >= 0 (0: none)");
+  const float* slopes = nullptr;
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& s = *alibi_slopes;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == q.size(1) &&
+                    s.is_contiguous(),
+                "paged_decode_attention: alibi_slopes must be contiguous float32 [heads]");
+    slopes = s.data_ptr<float>();
+  }
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (bf16_pools) {
     dispatch_dim<float, c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale,
-                                       window);
+                                       window, softcap, slopes);
   } else if (q.scalar_type() == at::kFloat) {
-    dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
+    dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window,
+                        softcap, slopes);
   } else if (q.scalar_type() == at::kBFloat16) {
-    dispatch_dim<c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window);
+    dispatch_dim<c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, out, scale, window,
+                                softcap, slopes);
   } else {
     TORCH_CHECK(false, "paged_decode_attention: float32 or bfloat16 only");
   }
@@ -231,14 +261,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 at::Tensor switchyard_xeon::paged_decode_attention(
     const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
     const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-    int64_t window) {
-  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale, window);
+    int64_t window, double softcap, const c10::optional<at::Tensor>& alibi_slopes) {
+  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, scale, window,
+                                  softcap, alibi_slopes);
 }
 
 TORCH_LIBRARY(switchyard_xeon, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
-      "Tensor context_lens, float scale, int window) -> Tensor");
+      "Tensor context_lens, float scale, int window, float softcap=0., "
+      "Tensor? alibi_slopes=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {

@@ -19,6 +19,10 @@
 // broadcast multiply-adds; four query rows at a time share every key block and
 // value row loaded, for each query head of the group: scores, a softmax per
 // row, and the weighted sums of values in registers. fp32 arithmetic throughout.
+//
+// Optional score terms, as paged_attention.cpp applies them after the scale and
+// before the softmax: soft-capping (softcap > 0) and ALiBi (alibi_slopes fp32
+// [heads]: slope * (j - i) for the key at position j, the row at position i).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -41,7 +45,8 @@ constexpr int64_t kRows = 4;       // query rows sharing each key and value load
 template <typename C, int D>
 void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                     const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& starts,
-                    const at::Tensor& counts, at::Tensor& out, double scale, int64_t window) {
+                    const at::Tensor& counts, at::Tensor& out, double scale, int64_t window,
+                    double softcap, const float* slopes) {
   constexpr int64_t V = D / 16;
   const int64_t seqs = tables.size(0), heads = q.size(1);
   const int64_t kv_heads = k_pool.size(0), num_blocks = k_pool.size(1);
@@ -56,6 +61,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Ten
   const int32_t* np = counts.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const float cap = static_cast<float>(softcap), inv_cap = softcap > 0 ? 1.f / cap : 0.f;
 
   // Work items: (sequence, kv head, chunk), numbered sequence by sequence.
   std::vector<int64_t> first_item(seqs + 1, 0);
@@ -130,8 +136,21 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Ten
             }
           }
           // Softmax over each row's own keys; the rest of its width weighs zero.
+          const float slope = slopes != nullptr ? slopes[h * group + g] : 0.f;
           for (int64_t i = 0; i < rows; ++i) {
             float* si = scores.data() + i * width - kb0 * 16;  // indexed by key - lo
+            if (softcap > 0) {
+              for (int64_t key = from[i]; key < upto[i]; ++key) {
+                si[key] = cap * std::tanh(si[key] * inv_cap);
+              }
+            }
+            if (slopes != nullptr) {
+              // Key lo + key against the row at upto[i] - 1 + lo: a distance <= 0, exact
+              // in fp32, so the bias near the diagonal (what dominates) stays near zero.
+              for (int64_t key = from[i]; key < upto[i]; ++key) {
+                si[key] += slope * static_cast<float>(key - (upto[i] - 1));
+              }
+            }
             float mx = si[from[i]];
             for (int64_t key = from[i] + 1; key < upto[i]; ++key) mx = std::max(mx, si[key]);
             float total = 0.f;
@@ -170,10 +189,13 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Ten
 template <typename C>
 void dispatch_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& t, const at::Tensor& l, const at::Tensor& s,
-                  const at::Tensor& n, at::Tensor& out, double scale, int64_t window) {
+                  const at::Tensor& n, at::Tensor& out, double scale, int64_t window,
+                  double softcap, const float* slopes) {
   switch (q.size(2)) {
-    case 64: prefill_kernel<C, 64>(q, k, v, t, l, s, n, out, scale, window); break;
-    case 128: prefill_kernel<C, 128>(q, k, v, t, l, s, n, out, scale, window); break;
+    case 64: prefill_kernel<C, 64>(q, k, v, t, l, s, n, out, scale, window, softcap, slopes); break;
+    case 128:
+      prefill_kernel<C, 128>(q, k, v, t, l, s, n, out, scale, window, softcap, slopes);
+      break;
     default: TORCH_CHECK(false, "paged_prefill_attention: head_dim must be 64 or 128");
   }
 }
@@ -181,7 +203,8 @@ void dispatch_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                    const at::Tensor& v_pool, const at::Tensor& block_tables,
                                    const at::Tensor& context_lens, const at::Tensor& query_starts,
-                                   const at::Tensor& query_lens, double scale, int64_t window) {
+                                   const at::Tensor& query_lens, double scale, int64_t window,
+                                   double softcap, const c10::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
               "paged_prefill_attention: q [T, H, D], pools [KVH, blocks, block_size, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat &&
@@ -211,13 +234,22 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool
                     (lp[s] + k_pool.size(2) - 1) / k_pool.size(2) <= block_tables.size(1),
                 "paged_prefill_attention: sequence ", s, " does not fit its table or q");
   }
+  TORCH_CHECK(softcap >= 0, "paged_prefill_attention: softcap must be >= 0 (0: none)");
+  const float* slopes = nullptr;
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.dim() == 1 && a.size(0) == q.size(1) &&
+                    a.is_contiguous(),
+                "paged_prefill_attention: alibi_slopes must be contiguous float32 [heads]");
+    slopes = a.data_ptr<float>();
+  }
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (k_pool.scalar_type() == at::kBFloat16) {
     dispatch_dim<c10::BFloat16>(q, k_pool, v_pool, block_tables, context_lens, query_starts,
-                                query_lens, out, scale, window);
+                                query_lens, out, scale, window, softcap, slopes);
   } else {
     dispatch_dim<float>(q, k_pool, v_pool, block_tables, context_lens, query_starts, query_lens,
-                        out, scale, window);
+                        out, scale, window, softcap, slopes);
   }
   return out;
 }
@@ -227,8 +259,8 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool
 TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
   m.def(
       "paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
-      "Tensor context_lens, Tensor query_starts, Tensor query_lens, float scale, int window) "
-      "-> Tensor");
+      "Tensor context_lens, Tensor query_starts, Tensor query_lens, float scale, int window, "
+      "float softcap=0., Tensor? alibi_slopes=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {

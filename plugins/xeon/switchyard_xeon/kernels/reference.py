@@ -4,13 +4,48 @@ The engine's fallback when no kernel could be built, and the reference the
 kernel is checked against. Decode rows of the step are handled in one call:
 one gather of every row's blocks (tables padded to the longest), then one
 SDPA with a key mask, the query heads of a GQA group folded into the query
-axis so each K/V head is shared without a copy.
+axis so each K/V head is shared without a copy. Soft-capped (Gemma 2) or
+ALiBi (Bloom, MPT, Falcon) attention takes :func:`biased_attention`, which
+writes the scores out, since SDPA can neither cap nor bias per head cheaply.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def biased_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    distance: torch.Tensor,
+    scale: float,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention with the scores written out: ``q`` [..., H, n, D] over ``k``/``v`` [..., KVH, L, D].
+
+    Scores are ``q·k * scale``, then soft-capped (``softcap`` > 0:
+    ``softcap * tanh(s / softcap)``), then biased by ``alibi_slopes[h] *
+    distance`` (fp32 [H]; ``distance`` [n, L] or broadcastable, key position
+    minus query position), then masked (``mask`` bool, True where a key is
+    seen) and softmaxed, all in fp32. The query heads of a group share their
+    K/V head (GQA). Returns [..., H, n, D] in ``q``'s dtype.
+    """
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=-3)
+        v = v.repeat_interleave(heads // kv_heads, dim=-3)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_slopes.float()[:, None, None] * distance.float()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v.float()).to(q.dtype)
 
 
 def paged_decode_reference(
@@ -21,13 +56,17 @@ def paged_decode_reference(
     context_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: ``q`` [B, H, D] over the first ``context_lens[b]`` cached tokens.
 
     ``k_pool``/``v_pool`` are [kv_heads, num_blocks, block_size, D];
     ``block_tables`` [B, n] lists each row's blocks (padding entries are never
     read past its length). With ``window`` > 0 only the last ``window`` keys
-    count. Returns [B, H, D] in ``q``'s dtype.
+    count; ``softcap`` and ``alibi_slopes`` as :func:`biased_attention` takes
+    them (the query sits at position ``context_lens[b] - 1``). Returns [B, H,
+    D] in ``q``'s dtype.
     """
     batch, heads, dim = q.shape
     kv_heads, _, block_size, _ = k_pool.shape
@@ -45,6 +84,11 @@ def paged_decode_reference(
     if window > 0:
         mask &= pos >= lens - window
     group = heads // kv_heads
+    if softcap > 0 or alibi_slopes is not None:
+        distance = (pos - (lens - 1))[:, None, None, :]  # [B, 1, 1, L]
+        out = biased_attention(q[:, :, None, :], keys, values, mask[:, None, None, :], distance,
+                               scale, softcap, alibi_slopes)
+        return out.reshape(batch, heads, dim)
     out = F.scaled_dot_product_attention(
         q.view(batch, kv_heads, group, dim), keys, values,
         attn_mask=mask[:, None, None, :], scale=scale,
@@ -62,6 +106,8 @@ def paged_prefill_reference(
     query_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefill attention, the native ``paged_prefill_attention``'s contract, one sequence at a time.
 
@@ -69,7 +115,8 @@ def paged_prefill_reference(
     [T, H, D]; row ``r`` sits at position ``context_lens[s] - query_lens[s] + r``
     and attends causally (within ``window`` when > 0) over the sequence's
     cached keys and values (its new ones included), read through its block
-    table. Rows no sequence owns come back as zeros. Returns [T, H, D].
+    table; ``softcap`` and ``alibi_slopes`` as :func:`biased_attention` takes
+    them. Rows no sequence owns come back as zeros. Returns [T, H, D].
     """
     out = torch.zeros_like(q)
     _, heads, dim = q.shape
@@ -85,6 +132,11 @@ def paged_prefill_reference(
         if window > 0:
             mask &= kpos > qpos - window
         rows = q[start : start + n].transpose(0, 1)  # [H, n, D]
+        if softcap > 0 or alibi_slopes is not None:
+            out[start : start + n] = biased_attention(
+                rows, keys, values, mask, kpos - qpos, scale, softcap, alibi_slopes
+            ).transpose(0, 1)
+            continue
         o = F.scaled_dot_product_attention(rows.unsqueeze(0), keys.unsqueeze(0),
                                            values.unsqueeze(0), attn_mask=mask, scale=scale,
                                            enable_gqa=heads != kv_heads)
