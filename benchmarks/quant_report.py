@@ -14,11 +14,12 @@ position. Against the ``none`` engine it reports:
 - linear-weight bytes (packed, scales included);
 - decode tokens/s at batch 1 and 32 (greedy, EOS ignored).
 
-Methods ``gptq`` and ``rtn`` are checkpoints, not ``--quantize`` flags: the
-model is first written by ``switchyard quantize --method int4`` (group 128,
-as ``int4``; the LM head left as it is), ``gptq`` with ``--gptq`` and 16
-calibration texts cut from the training split, and that folder is served
-(its ``quantization_config`` picks the reader).
+Methods ``gptq``, ``gptq-act-order`` and ``rtn`` are checkpoints, not
+``--quantize`` flags: the model is first written by ``switchyard quantize
+--method int4`` (group 128, as ``int4``; the LM head left as it is),
+``gptq`` with ``--gptq`` and 16 calibration texts cut from the training
+split, ``gptq-act-order`` with ``--act-order`` too, and that folder is
+served (its ``quantization_config`` picks the reader).
 
 Methods run one after another in fresh processes (two engines in one
 process would share one OpenMP pool). Writes ``quant_report.json`` and
@@ -113,7 +114,7 @@ def measure(method: str, model: Path, windows: int, length: int, threads: int,
 
     host = PluginHost.from_entry_points()
     # gptq: the folder's quantization_config names its reader, as `switchyard serve` finds it.
-    name = host.detect_quantization(None if method in ("none", "gptq", "rtn") else method, model)
+    name = host.detect_quantization(None if method in ("none", *CHECKPOINTS) else method, model)
     quantization = host.resolve_quantization(name, host.engines()["xeon"])
     engine = XeonEngine(EngineConfig(
         model_path=str(model), dtype="auto", quantize=name, quantization=quantization,
@@ -145,15 +146,20 @@ def compare(base: dict, other: dict) -> dict[str, float]:
             "positions": int(pb.shape[0])}
 
 
-def written_folder(model: Path, out: Path, gptq: bool) -> Path:
-    """``model`` written by ``switchyard quantize --method int4`` (round to nearest), or with
-    ``--gptq`` calibrated on training texts."""
+CHECKPOINTS = ("gptq", "gptq-act-order", "rtn")
+"""Methods served from a folder ``switchyard quantize`` writes first."""
+
+
+def written_folder(model: Path, out: Path, method: str) -> Path:
+    """``model`` written by ``switchyard quantize --method int4``: round to nearest (``rtn``),
+    or ``--gptq`` calibrated on training texts (``gptq``; ``gptq-act-order`` adds
+    ``--act-order``)."""
     from train_accuracy_model import corpus_files
 
-    folder = out / ("gptq-model" if gptq else "rtn-model")
+    folder = out / f"{method}-model"
     if (folder / "config.json").exists():
         return folder
-    if not gptq:
+    if method == "rtn":
         subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize", str(model),
                         str(folder), "--method", "int4"], check=True)
         return folder
@@ -165,7 +171,8 @@ def written_folder(model: Path, out: Path, gptq: bool) -> Path:
     calibration = out / "calibration.jsonl"
     calibration.write_text("\n".join(texts) + "\n")
     subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize", str(model), str(folder),
-                    "--method", "int4", "--gptq", "--calibration", str(calibration)], check=True)
+                    "--method", "int4", "--gptq", "--calibration", str(calibration),
+                    *(["--act-order"] if method == "gptq-act-order" else [])], check=True)
     return folder
 
 
@@ -192,8 +199,8 @@ def main() -> None:
         into = args.out / f"{method}.scores.pt"
         print(f"{method}: scoring {args.windows} x {args.length} tokens, then decoding", flush=True)
         t0 = time.monotonic()
-        model = written_folder(args.model, args.out, method == "gptq") \
-            if method in ("gptq", "rtn") else args.model
+        model = written_folder(args.model, args.out, method) \
+            if method in CHECKPOINTS else args.model
         subprocess.run([sys.executable, __file__, "--model", str(model), "--one", method,
                         "--into", str(into), "--windows", str(args.windows), "--length",
                         str(args.length), "--threads", str(args.threads), "--streams",

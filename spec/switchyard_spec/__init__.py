@@ -14,6 +14,8 @@ from switchyard_spec.errors import (
 )
 from switchyard_spec.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME, hookimpl, hookspec
 from switchyard_spec.quantization import (
+    FP8_E4M3_MAX,
+    FP8_E4M3_PER_TENSOR,
     INT8_PER_CHANNEL,
     UINT4_GROUP_SIZES,
     W8A8_SMOOTHQUANT,
@@ -52,6 +54,8 @@ from switchyard_spec.types import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "FP8_E4M3_MAX",
+    "FP8_E4M3_PER_TENSOR",
     "INT8_PER_CHANNEL",
     "PROJECT_NAME",
     "UINT4_GROUP_SIZES",

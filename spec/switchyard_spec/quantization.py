@@ -10,9 +10,10 @@ they agree on a format record, whose fields say exactly which tensors a
 engine is built, a ``--quantize`` method none of whose formats the engine runs.
 
 The formats in use are defined here (``INT8_PER_CHANNEL``,
-``uint4_group_asym``, ``W8A8_SMOOTHQUANT``, ``W8A8_SMOOTHQUANT_STATIC``), so
+``uint4_group_asym``, ``W8A8_SMOOTHQUANT``, ``W8A8_SMOOTHQUANT_STATIC``,
+``FP8_E4M3_PER_TENSOR``), so
 that two plugins name them alike. A method that must see activations first
-(SmoothQuant) declares a ``Calibration``: the engine runs its prompts through
+(SmoothQuant, FP8) declares a ``Calibration``: the engine runs its prompts through
 the model, records ``ActivationStatistics`` at every linear's input, and
 quantizes each weight with the statistics of its input. Nothing here
 imports torch: the tensors of a ``QuantizedWeight`` are held as opaque
@@ -38,10 +39,14 @@ class Packing(str, enum.Enum):
       significant first; a ragged last word is padded with zeros. This is the
       layout of ipex's low-precision checkpoints ("N x K, UINT4 compressed
       along K to int32").
+    - ``FP8_E4M3_ROWS``: ``float8_e4m3fn[N, K]``, one OCP FP8 E4M3 value per
+      weight (finite range +-448, no infinities), row-major. Not integers:
+      ``WeightFormat.levels`` does not apply.
     """
 
     INT8_ROWS = "int8[N,K]"
     UINT4_K_INT32 = "int32[N,ceil(K/8)]"
+    FP8_E4M3_ROWS = "float8_e4m3fn[N,K]"
 
 
 class ActivationQuant(str, enum.Enum):
@@ -55,11 +60,16 @@ class ActivationQuant(str, enum.Enum):
       (round half to even).
     - ``INT8_PER_TENSOR``: W8A8, static: the same with one scale for every
       row, ``QuantizedWeight.activation_scale``, fixed by calibration.
+    - ``FP8_E4M3_PER_TENSOR``: FP8, static, no smoothing: with the layer's
+      calibrated scale ``a`` (``QuantizedWeight.activation_scale``), the input
+      is ``xq = float8_e4m3fn(clamp(x / a, -448, 448))`` (round to nearest
+      even) and stands for ``xq * a``.
     """
 
     NONE = "none"
     INT8_PER_TOKEN = "int8-per-token-dynamic"
     INT8_PER_TENSOR = "int8-per-tensor-static"
+    FP8_E4M3_PER_TENSOR = "fp8-e4m3-per-tensor-static"
 
 
 class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,6 +140,23 @@ W8A8_SMOOTHQUANT_STATIC = WeightFormat(name="w8a8-smoothquant-static", bits=8, s
 """``W8A8_SMOOTHQUANT`` with one calibrated activation scale per layer
 (``QuantizedWeight.activation_scale``) instead of one per token."""
 
+FP8_E4M3_PER_TENSOR = WeightFormat(name="fp8-e4m3-per-tensor", bits=8, signed=True,
+                                   packing=Packing.FP8_E4M3_ROWS,
+                                   activations=ActivationQuant.FP8_E4M3_PER_TENSOR)
+"""FP8 E4M3 weights and activations, each with one scale per tensor.
+
+``data`` is ``float8_e4m3fn[N, K]`` of ``W / s`` (``s = max|W| / 448``,
+round to nearest even); ``scales`` is float32 ``[N]`` holding that one ``s``
+in every row, so that the weight it stands for is ``data[n, k] * s[n]`` as
+for every per-channel format (and the rows of several such weights stack,
+e.g. a fused q|k|v, each keeping its own ``s``). The input is quantized as
+``ActivationQuant.FP8_E4M3_PER_TENSOR`` with ``activation_scale`` (the
+calibrated ``max|x| / 448`` of the layer's input); ``smoothing`` is None.
+The layer computes ``y[m, n] = a * s[n] * sum_k xq[m, k] data[n, k] (+ bias)``."""
+
+FP8_E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value: scales map a tensor's max |value| to it."""
+
 UINT4_GROUP_SIZES = (32, 64, 128)
 """The group sizes of ``uint4_group_asym`` formats in use."""
 
@@ -170,8 +197,14 @@ class QuantizedWeight(msgspec.Struct, frozen=True, kw_only=True):
     ``W[n, k] * m[k]``, and the input is divided by ``m`` before it is
     quantized. None for weight-only formats."""
     activation_scale: float = 0.0
-    """``ActivationQuant.INT8_PER_TENSOR`` formats: the scale of every input row
-    (after smoothing); 0.0 otherwise."""
+    """``ActivationQuant.INT8_PER_TENSOR`` and ``FP8_E4M3_PER_TENSOR`` formats:
+    the scale of every input row (after smoothing, if any); 0.0 otherwise."""
+    input_order: Any = None
+    """None, or an int64 ``[K]`` permutation of the input features (act-order
+    GPTQ): the stored column ``j`` (of ``data``, and of the groups along K)
+    is input feature ``input_order[j]``, so the layer computes
+    ``x[..., input_order] @ W_stored.T``; an engine that runs the format
+    gathers each input row in this order before its kernel."""
 
 
 class ActivationStatistics(msgspec.Struct, frozen=True, kw_only=True):

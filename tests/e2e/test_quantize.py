@@ -30,7 +30,8 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
     log = str(failed.value)
     assert "--quantize 'bitnet': no installed plugin declares that quantization method" in log
     uint4 = "uint4-group128-asym/uint4-group64-asym/uint4-group32-asym"
-    assert (f"engine 'xeon' can run: awq ({uint4}), gptq ({uint4}), int4 (uint4-group128-asym), "
+    assert (f"engine 'xeon' can run: awq ({uint4}), fp8 (fp8-e4m3-per-tensor), gptq ({uint4}), "
+            "int4 (uint4-group128-asym), "
             "int4-g32 (uint4-group32-asym), int4-g64 (uint4-group64-asym), int8 "
             f"(int8-per-channel), ipex-lowp ({uint4}), smoothquant "
             "(w8a8-smoothquant/w8a8-smoothquant-static)") in log

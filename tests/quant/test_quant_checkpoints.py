@@ -170,10 +170,10 @@ def test_bad_gptq_folders_name_the_file_and_tensor(tmp_path):
     message = _error(tmp_path / "b", _gptq_config(), wrong)
     assert f"model.safetensors: tensor '{LAYER}.scales' has shape [4, 8], expected [4, 16]" in message
     assert "bits=8" in _error(tmp_path / "c", _gptq_config(bits=8), good)
-    shuffled = {**good, f"{LAYER}.g_idx": good[f"{LAYER}.g_idx"].flip(0).contiguous()}
-    message = _error(tmp_path / "d", _gptq_config(desc_act=True), shuffled)
-    assert f"tensor '{LAYER}.g_idx' orders the groups differently" in message
-    assert "act-order" in message
+    lopsided = {**good, f"{LAYER}.g_idx": torch.zeros(256, dtype=torch.int32)}
+    message = _error(tmp_path / "d", _gptq_config(desc_act=True), lopsided)
+    assert (f"model.safetensors: tensor '{LAYER}.g_idx' (desc_act=true) assigns 256 inputs "
+            "to group 0, which must hold 64") in message  # more: tests/quant/test_gptq_act_order.py
     assert "group_size 16 is not a multiple" in _error(
         tmp_path / "e", _gptq_config(group=16), _gptq_tensors(q, z, s, 64) | {
             f"{LAYER}.qzeros": _pack_rows(torch.ones(16, 16, dtype=torch.long).T.contiguous()),

@@ -23,7 +23,7 @@ def test_importing_the_hooks_imports_no_torch():
 
 def test_it_declares_int8_and_three_int4_group_sizes():
     methods = {m.name: m for m in plugin.switchyard_quantization_methods()}
-    assert sorted(methods) == ["awq", "gptq", "int4", "int4-g32", "int4-g64", "int8",
+    assert sorted(methods) == ["awq", "fp8", "gptq", "int4", "int4-g32", "int4-g64", "int8",
                                "ipex-lowp", "smoothquant"]
     # Checkpoint methods read weights (load); the RTN ones quantize them.
     assert [n for n, m in sorted(methods.items()) if m.load is not None] == [

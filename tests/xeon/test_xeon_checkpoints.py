@@ -48,11 +48,12 @@ def _unpack(words: torch.Tensor) -> torch.Tensor:
 
 
 def _gptq_weight(tensors: dict[str, torch.Tensor], prefix: str, group: int) -> torch.Tensor:
-    """A GPTQ v1 layer's float weight [N, K]: qweight [K/8, N] along K, qzeros [G, N/8] minus one."""
+    """A GPTQ v1 layer's float weight [N, K]: qweight [K/8, N] along K, qzeros [G, N/8] minus one,
+    input k in group ``g_idx[k]`` (act-order) or ``k // group``."""
     q = _unpack(tensors[f"{prefix}.qweight"].T.contiguous())  # [N, K]
     zeros = _unpack(tensors[f"{prefix}.qzeros"]).T + 1  # [N, G]
     scales = tensors[f"{prefix}.scales"].float().T
-    g = torch.arange(q.shape[1]) // group
+    g = tensors.get(f"{prefix}.g_idx", torch.arange(q.shape[1]) // group).long()
     return (q - zeros[:, g]).float() * scales[:, g]
 
 
@@ -166,3 +167,110 @@ def test_gptq_on_a_folder_without_quantization_config_is_refused(default_model_p
     with pytest.raises(EngineStartError, match=r"--quantize gptq: .*config.json: "
                                                r"quantization_config.quant_method is None"):
         _started(Path(default_model_path))
+
+
+# Act-order: groups formed over a permutation of the inputs, stored with g_idx.
+
+
+def _pack_k(q: torch.Tensor) -> torch.Tensor:
+    """int [N, K] values 0..15 -> GPTQ's qweight int32 [K/8, N]: input 8r + i in bits 4i of row r."""
+    n, k = q.shape
+    words = (q.long().view(n, k // 8, 8) << (torch.arange(8) * 4)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).T.contiguous()
+
+
+def _act_order_folder(gptq_folder: Path, source: Path, out: Path, shared: bool) -> Path:
+    """``gptq_folder`` with every layer rounded again over a random order of its inputs.
+
+    Each layer's weight (from the float model ``source``) is permuted, rounded
+    by int4-g64 in that order, and stored as GPTQ stores act-order: integers
+    in the inputs' order, ``g_idx[perm[i]] = i // 64``. With ``shared``,
+    projections of one input (q|k|v, gate|up) share a permutation, as GPTQ's
+    act-order gives them (one Hessian); otherwise each has its own.
+    """
+    from switchyard_xeon.quantized import uint4_integers
+
+    shutil.copytree(gptq_folder, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    floats = load_file(str(source / "model.safetensors"))
+    for prefix in sorted(k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")):
+        key = prefix
+        if shared:
+            key = prefix.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace(
+                "up_proj", "gate_proj")
+        weight = floats[f"{prefix}.weight"].float()
+        k = weight.shape[1]
+        seed = sum(ord(c) * (i + 1) for i, c in enumerate(key))
+        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+        rtn = method("int4-g64").quantize(weight[:, perm])
+        q = torch.empty(weight.shape, dtype=torch.int64)
+        q[:, perm] = uint4_integers(rtn)
+        g_idx = torch.empty(k, dtype=torch.int32)
+        g_idx[perm] = (torch.arange(k) // 64).to(torch.int32)
+        tensors[f"{prefix}.qweight"] = _pack_k(q)
+        tensors[f"{prefix}.qzeros"] = _pack_along_n(rtn.zero_points.long().T - 1)
+        tensors[f"{prefix}.scales"] = rtn.scales.T.half().contiguous()
+        tensors[f"{prefix}.g_idx"] = g_idx
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["desc_act"] = True
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def _pack_along_n(values: torch.Tensor) -> torch.Tensor:
+    """int [G, N] -> GPTQ's qzeros int32 [G, N/8], eight consecutive outputs per word."""
+    return _pack_k(values).T.contiguous()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-order", "own-order"])
+def test_an_act_order_folder_serves_the_greedy_tokens_of_its_weights(
+        gptq_folder, default_model_path, tmp_path, caplog, shared):
+    """desc_act folders: the engine gathers each layer's input in the stored order."""
+    folder = _act_order_folder(gptq_folder, Path(default_model_path), tmp_path / "ao", shared)
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert not torch.equal(tensors["model.layers.0.mlp.down_proj.g_idx"].long(),
+                           torch.arange(352) // 64)
+    reference = _reference(folder, tensors)
+    caplog.set_level("INFO")
+    engine = _started(folder)
+    try:
+        sink = Collector()
+        for i, prompt in enumerate(PROMPTS):
+            engine.submit(greedy_request(f"r{i}", prompt, NEW), sink)
+        got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
+    finally:
+        engine.shutdown()
+    _assert_greedy_near(reference, PROMPTS, got, NEW)
+    assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
+    # On the uint4 panels (not the stock fallback, which would dequantize and be right anyway).
+    assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
+            "(28 linears), bf16 weights for the rest") in caplog.text
+
+
+
+def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_path, tmp_path):
+    """Tied models (SmolLM2, Qwen2.5-0.5B) save no lm_head.weight: the head is the embedding."""
+    if not load_kernels().uint4_dot:
+        pytest.skip(f"no uint4 dot-product panels here ({load_kernels().reason})")
+    tied = tmp_path / "tied"
+    shutil.copytree(default_model_path, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    floats = load_file(str(tied / "model.safetensors"))
+    del floats["lm_head.weight"]
+    save_file(floats, str(tied / "model.safetensors"))
+    folder = tmp_path / "gptq"
+    write_gptq(tied, folder, 64)
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert "lm_head.weight" not in tensors
+    reference = _reference(folder, tensors)  # ties the head to the embedding itself
+    engine = _started(folder)
+    try:
+        sink = Collector()
+        for i, prompt in enumerate(PROMPTS):
+            engine.submit(greedy_request(f"r{i}", prompt, NEW), sink)
+        got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
+    finally:
+        engine.shutdown()
+    _assert_greedy_near(reference, PROMPTS, got, NEW)

@@ -92,6 +92,9 @@ def load_quantized_causal_lm(model_path: str | Path, method: QuantizationMethod,
         kwargs["attn_implementation"] = attn_implementation
     with no_init_weights():
         model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    # Without initialisation transformers leaves tied weights untied: tie them, so that a
+    # tied LM head (absent from the safetensors, as tied models save it) is the embedding.
+    model.tie_weights()
     _place_quantized(model, checkpoint, method, path)
     _fill_tensors(model, checkpoint, path, torch_dtype)
     model = model.eval()

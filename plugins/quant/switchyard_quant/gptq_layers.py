@@ -34,6 +34,7 @@ import torch
 
 from switchyard_spec import QuantizedWeight
 
+from switchyard_quant.gptq_act_order import restore_input_order
 from switchyard_quant.gptq_solver import DEFAULT_DAMP, HessianAccumulator, gptq_quantize
 
 DEFAULT_SAMPLES = 16
@@ -49,6 +50,8 @@ class GptqSettings:
     damp: float = DEFAULT_DAMP
     samples: int = DEFAULT_SAMPLES
     max_tokens: int = DEFAULT_MAX_TOKENS
+    act_order: bool = False
+    """Columns in order of decreasing Hessian diagonal (GPTQ's ``desc_act``)."""
 
 
 @dataclass
@@ -178,7 +181,7 @@ def hessians(layer: torch.nn.Module, linears: dict[str, torch.nn.Linear],
 
 def quantize_layer(layer: torch.nn.Module, linears: dict[str, torch.nn.Linear],
                    inputs: list[LayerInput], group_size: int, damp: float,
-                   ) -> dict[str, QuantizedWeight]:
+                   act_order: bool = False) -> dict[str, QuantizedWeight]:
     """GPTQ every linear of ``layer``, step by step; their weights become the dequantized ones."""
     from switchyard_quant.int4 import dequantize_uint4
 
@@ -186,15 +189,18 @@ def quantize_layer(layer: torch.nn.Module, linears: dict[str, torch.nn.Linear],
     for step in sequential_steps(layer, linears, inputs[0]):
         for name, acc in hessians(layer, linears, step, inputs).items():
             module = linears[name]
-            record = gptq_quantize(module.weight.detach(), acc.hessian, group_size, damp)
-            module.weight.data.copy_(dequantize_uint4(record).to(module.weight.dtype))
+            record = gptq_quantize(module.weight.detach(), acc.hessian, group_size, damp,
+                                   act_order=act_order)
+            weight = restore_input_order(dequantize_uint4(record), record.input_order)
+            module.weight.data.copy_(weight.to(module.weight.dtype))
             records[name] = record
     return records
 
 
 def gptq_model(model: torch.nn.Module, prompts: list[list[int]], names: Iterable[str],
                group_size: int, damp: float,
-               progress: Callable[[str], None] | None = None) -> dict[str, QuantizedWeight]:
+               progress: Callable[[str], None] | None = None,
+               act_order: bool = False) -> dict[str, QuantizedWeight]:
     """GPTQ records for the linears ``names`` of ``model`` that lie in its decoder layers.
 
     ``model`` (float32, eval) is changed: those linears end holding their
@@ -211,7 +217,8 @@ def gptq_model(model: torch.nn.Module, prompts: list[list[int]], names: Iterable
             linears = {f"{prefix}.{index}.{n}": m for n, m in layer.named_modules()
                        if isinstance(m, torch.nn.Linear) and f"{prefix}.{index}.{n}" in wanted}
             if linears:
-                records.update(quantize_layer(layer, linears, inputs, group_size, damp))
+                records.update(quantize_layer(layer, linears, inputs, group_size, damp,
+                                              act_order))
             inputs = [LayerInput(run_layer(layer, item), item.kwargs) for item in inputs]
             if progress is not None:
                 progress(f"layer {index + 1}/{len(layers)}: {len(linears)} linears")
@@ -225,6 +232,7 @@ def calibrate_and_quantize(folder: str | Path, names: Iterable[str],
 
     prompts = calibration_prompts(folder, settings)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    records = gptq_model(model, prompts, names, settings.group_size, settings.damp)
+    records = gptq_model(model, prompts, names, settings.group_size, settings.damp,
+                         act_order=settings.act_order)
     return GptqResult(records=records, prompts=len(prompts),
                       tokens=sum(len(p) for p in prompts))

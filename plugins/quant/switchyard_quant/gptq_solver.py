@@ -27,10 +27,16 @@ them:
   (``static_groups`` false, as in the reference implementation). A group
   never crosses a block (``block_size`` is a multiple of ``group_size``), so
   its weights are the up-to-date ones.
-- No act-order (``desc_act`` false): columns go in their own order, so each
-  group's inputs are consecutive and ``g_idx`` is ``k // group_size``, the
-  only order the GPTQ reader (:mod:`switchyard_quant.checkpoints.gptq`) and
-  the engines' kernels take.
+- Column order: by default (``desc_act`` false) columns go in their own
+  order, so each group's inputs are consecutive and ``g_idx`` is
+  ``k // group_size``. With ``act_order`` (the paper's heuristic, GPTQ's
+  ``desc_act``) they go in order of decreasing Hessian diagonal (a stable
+  sort, so ties keep the inputs' order and the result is deterministic):
+  the inputs with the largest activations are rounded first, while the
+  most columns remain to absorb their error, and the groups are formed in
+  that order. The record then stores the columns in that order and says so
+  in ``input_order`` (:mod:`switchyard_quant.gptq_act_order`); the writer
+  turns it into GPTQ's ``g_idx``.
 
 The result is the record RTN produces (``uint4_group_asym(group_size)``: codes
 0..15 packed along K, float32 scales, uint8 zero points), with ``(q - z) * s``
@@ -151,14 +157,23 @@ def _check(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, block_s
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int = 128,
                   percdamp: float = DEFAULT_DAMP, block_size: int = DEFAULT_BLOCK,
-                  ) -> QuantizedWeight:
+                  act_order: bool = False) -> QuantizedWeight:
     """GPTQ-round ``weight [N, K]`` to uint4 given its inputs' Hessian ``[K, K]``.
 
     Returns a ``uint4_group_asym(group_size)`` record, as
-    :func:`switchyard_quant.int4.quantize_uint4` does (act-order off).
+    :func:`switchyard_quant.int4.quantize_uint4` does; with ``act_order`` its
+    columns are stored in the order they were rounded (``input_order``, None
+    when that is the inputs' own order).
     """
     _check(weight, hessian, group_size, block_size)
     h, w = prepare_hessian(hessian, weight, percdamp)
+    order = None
+    if act_order:
+        order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+        if torch.equal(order, torch.arange(order.shape[0])):
+            order = None
+        else:
+            h, w = h[order][:, order], w[:, order]
     upper = inverse_cholesky_upper(h)
     n, k = w.shape
     groups = -(-k // group_size)
@@ -172,7 +187,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int =
     return QuantizedWeight(format=uint4_group_asym(group_size), out_features=n, in_features=k,
                            data=pack_uint4_along_k(codes.to(torch.uint8)),
                            scales=scales.to(torch.float32).contiguous(),
-                           zero_points=zeros.to(torch.uint8).contiguous())
+                           zero_points=zeros.to(torch.uint8).contiguous(),
+                           input_order=order)
 
 
 def _solve_block(w: torch.Tensor, upper: torch.Tensor, start: int, end: int, group_size: int,

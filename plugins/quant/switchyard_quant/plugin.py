@@ -1,5 +1,5 @@
 """The quant plugin's hooks: weight-only ``int8`` and ``int4`` (three group sizes), ``smoothquant``,
-the checkpoint methods ``gptq``, ``awq`` and ``ipex-lowp``, and ``switchyard quantize``.
+``fp8``, the checkpoint methods ``gptq``, ``awq`` and ``ipex-lowp``, and ``switchyard quantize``.
 
 Registered under the ``switchyard.plugins`` entry-point group. Importing this
 module is cheap and imports no torch: each method's functions import the
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from switchyard_spec import (
+    FP8_E4M3_PER_TENSOR,
     INT8_PER_CHANNEL,
     W8A8_SMOOTHQUANT,
     W8A8_SMOOTHQUANT_STATIC,
@@ -68,6 +69,31 @@ def smoothquant_prompts(options: Mapping[str, str]) -> tuple[str, ...]:
     return calibration_prompts(options)
 
 
+def quantize_fp8(weight: Any) -> QuantizedWeight:
+    """See :func:`switchyard_quant.fp8_method.quantize_fp8` (no statistics: unit input scale)."""
+    from switchyard_quant.fp8_method import quantize_fp8 as quantize
+
+    return quantize(weight)
+
+
+def quantize_fp8_calibrated(weight: Any, statistics: ActivationStatistics,
+                            options: Mapping[str, str]) -> QuantizedWeight:
+    """See :func:`switchyard_quant.fp8_method.quantize_calibrated`."""
+    from switchyard_quant.fp8_method import quantize_calibrated
+
+    return quantize_calibrated(weight, statistics, options)
+
+
+def fp8_prompts(options: Mapping[str, str]) -> tuple[str, ...]:
+    """See :func:`switchyard_quant.fp8_method.calibration_prompts`."""
+    from switchyard_quant.fp8_method import calibration_prompts
+
+    return calibration_prompts(options)
+
+
+FP8_OPTIONS = ("calibration_file", "calibration_samples")
+"""The engine options ``fp8`` reads (see :mod:`switchyard_quant.fp8_method`)."""
+
 SMOOTHQUANT_OPTIONS = ("smoothquant_alpha", "smoothquant_activations", "calibration_file",
                        "calibration_samples")
 """The engine options ``smoothquant`` reads (see :mod:`switchyard_quant.smoothquant`)."""
@@ -86,7 +112,7 @@ def load_checkpoint(folder: str, options: Mapping[str, str], layout: str) -> Qua
 
 CHECKPOINTS = {
     "gptq": ("gptq", "GPTQ folders as transformers writes them (quantization_config "
-                     "quant_method gptq, 4 bits, no act-order; read, not quantized at load)"),
+                     "quant_method gptq, 4 bits, act-order too; read, not quantized at load)"),
     "awq": ("awq", "AWQ folders (AutoAWQ's GEMM layout, quant_method awq, 4 bits; read, "
                    "not quantized at load)"),
     "ipex-lowp": ("", "ipex's low-precision checkpoint (UINT4 packed along K, scales, zero "
@@ -104,6 +130,10 @@ def quantize_main(argv: list[str]) -> int:
 
 def dequantize(weight: QuantizedWeight) -> Any:
     """The float32 weight any of this plugin's formats stands for."""
+    if weight.format.packing is Packing.FP8_E4M3_ROWS:
+        from switchyard_quant.fp8_method import dequantize_fp8
+
+        return dequantize_fp8(weight)
     if weight.format.activations is not ActivationQuant.NONE:
         from switchyard_quant.smoothquant import dequantize_w8a8
 
@@ -112,14 +142,15 @@ def dequantize(weight: QuantizedWeight) -> Any:
         from switchyard_quant.int8 import dequantize_int8
 
         return dequantize_int8(weight)
+    from switchyard_quant.gptq_act_order import restore_input_order
     from switchyard_quant.int4 import dequantize_uint4
 
-    return dequantize_uint4(weight)
+    return restore_input_order(dequantize_uint4(weight), weight.input_order)
 
 
 @hookimpl
 def switchyard_quantization_methods() -> list[QuantizationMethod]:
-    """Declare weight-only int8 and the three group sizes of weight-only int4."""
+    """Declare int8, int4 (three group sizes), smoothquant, fp8 and the checkpoint methods."""
     methods = [QuantizationMethod(
         name="int8",
         description="weight-only int8, symmetric, a scale per output feature (RTN at load)",
@@ -141,6 +172,13 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
         calibration=Calibration(prompts=smoothquant_prompts,
                                 quantize=quantize_smoothquant_calibrated, max_tokens=128,
                                 options=SMOOTHQUANT_OPTIONS)))
+    methods.append(QuantizationMethod(
+        name="fp8",
+        description="FP8 E4M3 weights and activations, a scale per tensor each; activation "
+                    "scales measured by calibration (measure, then quantize)",
+        formats=(FP8_E4M3_PER_TENSOR,), quantize=quantize_fp8, dequantize=dequantize,
+        calibration=Calibration(prompts=fp8_prompts, quantize=quantize_fp8_calibrated,
+                                max_tokens=128, options=FP8_OPTIONS)))
     uint4 = tuple(uint4_group_asym(g) for g in (128, 64, 32))
     for name, (detected, description) in CHECKPOINTS.items():
         layout = "lowp" if name == "ipex-lowp" else name

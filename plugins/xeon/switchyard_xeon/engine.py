@@ -55,7 +55,7 @@ from switchyard_spec import (
     WarmupReport,
 )
 
-from switchyard_xeon import alibi_attention, attention, machine, quantized, vision
+from switchyard_xeon import alibi_attention, attention, fp8_linears, machine, quantized, vision
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -211,9 +211,13 @@ class XeonEngine(Engine):
         # arithmetic, the residual stream) stays fp32, so the model loads in fp32
         # and its linears are rounded to bf16 as they are packed.
         method = self._quantization
-        w8a8 = method is not None and quantized.runs_w8a8(method)
+        # FP8 runs on its own PyTorch linears (fp8_linears), not the W8A8 panels.
+        fp8 = fp8_linears.runs_fp8(method)
+        w8a8 = method is not None and not fp8 and quantized.runs_w8a8(method)
         linears = _option(self.config.options, "linears", LINEARS)
-        if w8a8:
+        if fp8:
+            pass  # any dtype: the linears take fp32 or bf16 inputs, the cache keeps the dtype
+        elif w8a8:
             if linears not in ("packed", "panel"):
                 raise EngineStartError(f"xeon engine: --quantize {method.name} runs on the native "
                                        f"W8A8 panels, which linears={linears} rules out")
@@ -225,10 +229,10 @@ class XeonEngine(Engine):
                                               self._bf16_dot_available(), linears)
         bf16_dot = dtype == torch.bfloat16 and self._bf16_dot_available()
         cache_dtype = dtype
-        if bf16_dot and w8a8:
+        if bf16_dot and (w8a8 or fp8):
             dtype = torch.float32
-            logger.info("bfloat16: a bf16 KV cache and fp32 activations; the linears are W8A8 "
-                        "(--quantize %s)", method.name)
+            logger.info("bfloat16: a bf16 KV cache and fp32 activations; the linears are %s "
+                        "(--quantize %s)", "FP8" if fp8 else "W8A8", method.name)
         elif bf16_dot:
             dtype = torch.float32
             logger.info("bfloat16: bf16 matmuls on the AVX512_BF16 panel kernel%s and a bf16 KV "
@@ -288,13 +292,17 @@ class XeonEngine(Engine):
         if moe_report.describe():
             logger.info("mixture of experts: %s", moe_report.describe())
         statistics = None
-        if method is not None and method.calibration is not None and w8a8:
+        if method is not None and method.calibration is not None and (w8a8 or fp8):
             from switchyard.engine.calibration import calibrate
 
             statistics, line = calibrate(loaded.model, self.config.model_path,
                                          method.calibration, self.config.options, method.name)
             logger.info("--quantize %s: %s", method.name, line)
-        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot, method, statistics,
+        if fp8:  # the linears become FP8 ones here; the packing below finds none left
+            logger.info("--quantize %s: %s", method.name, fp8_linears.pack_fp8_linears(
+                loaded.model, method, statistics, self.config.options))
+        forward, kernel = self._fast_path(loaded.model, cpu.flags, bf16_dot,
+                                          None if fp8 else method, statistics,
                                           fallback=not path.paged)
         if alibi_forward is not None:  # transformers' forward would rebuild alibi and masks
             forward = alibi_forward

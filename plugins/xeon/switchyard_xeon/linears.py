@@ -294,7 +294,10 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     def packer(weight: torch.Tensor | None, bias: torch.Tensor | None, name: str = "",
                quantized: QuantizedWeight | None = None) -> torch.nn.Module:
         if quantized is not None:
-            return PanelLinear(None, bias, bf16_dot=True, quantized=quantized)  # type: ignore[arg-type]
+            from switchyard_xeon.quantized import with_input_order
+
+            return with_input_order(PanelLinear(None, bias, bf16_dot=True,  # type: ignore[arg-type]
+                                                quantized=quantized), quantized)
         if use_panels:
             return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method,
                                statistics=stats.get(name), options=options)
@@ -369,8 +372,10 @@ def _fusable_quantized(group: list[torch.nn.Module | None]) -> bool:
     """Whether ``group`` is all checkpoint layers of one format and one input size."""
     if not all(isinstance(m, QuantizedLinear) for m in group):
         return False
+    from switchyard_xeon.quantized import same_input_order
+
     records = [m.quantized for m in group]  # type: ignore[union-attr]
-    return len({(r.format, r.in_features) for r in records}) == 1
+    return len({(r.format, r.in_features) for r in records}) == 1 and same_input_order(records)
 
 
 def _fuse_quantized(parent: torch.nn.Module, names: tuple[str, ...],

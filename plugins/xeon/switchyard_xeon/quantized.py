@@ -13,7 +13,10 @@ kernels:
   folded into a per-group correction).
 
 Both compute ``bf16(x) @ W.T`` in fp32 sums over the weight the format
-defines, and need the AVX512_BF16 build of the kernels.
+defines, and need the AVX512_BF16 build of the kernels. A record with an
+``input_order`` (act-order GPTQ: the columns stored sorted by group) runs
+behind :class:`InputOrdered`, which gathers each input row in that order
+first.
 
 - ``w8a8-smoothquant`` (``-static``): ``kernels/panel_w8a8.cpp``, int8
   activations quantized per token (or with the layer's static scale) in the
@@ -150,14 +153,69 @@ def stack_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
     """
     first = weights[0]
     if any(w.format != first.format or w.in_features != first.in_features for w in weights) or (
-            is_w8a8(first.format)):
-        raise ValueError("only weight-only records of one format and K stack")
+            is_w8a8(first.format)) or not same_input_order(weights):
+        raise ValueError("only weight-only records of one format, K and input order stack")
     return QuantizedWeight(
         format=first.format, out_features=sum(w.out_features for w in weights),
         in_features=first.in_features, data=torch.cat([w.data for w in weights]),
         scales=torch.cat([w.scales for w in weights]),
         zero_points=None if first.zero_points is None else torch.cat(
-            [w.zero_points for w in weights]))
+            [w.zero_points for w in weights]), input_order=first.input_order)
+
+
+def same_input_order(weights: list[QuantizedWeight]) -> bool:
+    """Whether every record stores its columns in the same order (all None, or equal orders).
+
+    Siblings (q|k|v) read one input, so GPTQ gives them one Hessian and one
+    order; records whose orders differ (a checkpoint made otherwise) cannot
+    share one matmul.
+    """
+    first = weights[0].input_order
+    if first is None:
+        return all(w.input_order is None for w in weights)
+    return all(w.input_order is not None and torch.equal(w.input_order, first)
+               for w in weights)
+
+
+class InputOrdered(torch.nn.Module):
+    """A linear over weights stored with their columns in ``order``: gathers the input first.
+
+    ``forward(x)`` is ``linear(x[..., order])``, one ``index_select`` per
+    call (a copy of the input rows, which the kernel reads anyway; the
+    fastest of PyTorch's gathers along the last dimension, measured against
+    indexing, ``gather`` and a transposed copy). It is no ``PanelLinear``, so
+    the decoder's one-call native layer loop, which hands the panels to C++
+    directly, is not taken for a model that has one.
+    """
+
+    def __init__(self, linear: torch.nn.Module, order: torch.Tensor) -> None:
+        super().__init__()
+        self.linear = linear
+        self.in_features = int(order.shape[0])
+        self.out_features = linear.out_features
+        self.register_buffer("order", order.to(torch.int64).contiguous(), persistent=False)
+        # A panel linear's op on 2-D rows, without a second module call per step.
+        self._rows = getattr(linear, "rows", None)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The wrapped linear's bias."""
+        return self.linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` for ``x`` of any leading shape, ``W`` in the inputs' order."""
+        if self._rows is None:
+            return self.linear(x.index_select(-1, self.order))
+        flat = x.reshape(-1, self.in_features).index_select(1, self.order)  # contiguous
+        return self._rows(flat).view(*x.shape[:-1], self.out_features)
+
+
+def with_input_order(linear: torch.nn.Module, weight: QuantizedWeight) -> torch.nn.Module:
+    """``linear`` (packed from ``weight``) behind :class:`InputOrdered` when ``weight`` has an
+    ``input_order``; ``linear`` itself otherwise."""
+    if weight.input_order is None:
+        return linear
+    return InputOrdered(linear, weight.input_order)
 
 
 def describe(fmt: WeightFormat) -> str:
@@ -183,7 +241,12 @@ def reference_weight(weight: QuantizedWeight) -> torch.Tensor:
         return weight.data.float() * weight.scales[:, None]
     groups = torch.arange(weight.in_features) // weight.format.group_size
     q = uint4_integers(weight).float()
-    return (q - weight.zero_points.float()[:, groups]) * weight.scales[:, groups]
+    stored = (q - weight.zero_points.float()[:, groups]) * weight.scales[:, groups]
+    if weight.input_order is None:
+        return stored
+    inputs = torch.empty_like(stored)  # stored column j is input input_order[j]
+    inputs[:, weight.input_order] = stored
+    return inputs
 
 
 def uint4_integers(weight: QuantizedWeight) -> torch.Tensor:

@@ -15,16 +15,21 @@ and G groups:
 - ``P.g_idx`` int32 ``[K]``: the group of each input;
 - ``P.bias`` (optional).
 
-The weight is ``(q - z) * s`` per group. ``g_idx`` must be ``k // group_size``:
-act-order checkpoints (``desc_act``: groups in another order than the inputs)
-would need every layer's input permuted, which the engines' kernels do not
-do, so they are refused.
+The weight is ``(q - z) * s`` per group ``g_idx[k]``. Without act-order
+``g_idx`` is ``k // group_size``; act-order checkpoints (``desc_act``: groups
+formed in another order than the inputs) have any ``g_idx`` in which every
+group but the last holds ``group_size`` inputs. Their columns are stored
+sorted by group, with the order in the record's ``input_order``
+(:mod:`switchyard_quant.gptq_act_order`), so the engine gathers each input
+row in that order; a ``g_idx`` that is no such assignment is refused, naming
+the file and tensor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
 import torch
 
 from switchyard_spec import QuantizedCheckpoint, QuantizedWeight
@@ -39,6 +44,7 @@ from switchyard_quant.checkpoints.folder import (
     to_record,
     unpack_nibbles,
 )
+from switchyard_quant.gptq_act_order import order_from_g_idx
 
 FORMATS = ("gptq", "gptq_v2")
 """``checkpoint_format`` values read: v1 stores zero points minus one, v2 as they are."""
@@ -80,19 +86,19 @@ def read_linear(tensors: FolderTensors, prefix: str, group_size: int, v1: bool,
     expect_shape(tensors, f"{prefix}.qzeros", qzeros, (groups, -(-n // 8)), torch.int32)
     scales = tensors.get(f"{prefix}.scales")
     expect_shape(tensors, f"{prefix}.scales", scales, (groups, n))
+    order = None
     if f"{prefix}.g_idx" in tensors:
-        g_idx = tensors.get(f"{prefix}.g_idx")
-        expect_shape(tensors, f"{prefix}.g_idx", g_idx, (k,))
-        size = k if group_size == -1 else group_size
-        if not torch.equal(g_idx.long(), torch.arange(k) // size):
-            raise CheckpointError(
-                f"{tensors.file_of(prefix + '.g_idx')}: tensor '{prefix}.g_idx' orders the "
-                f"groups differently from the inputs (act-order, desc_act="
-                f"{str(desc_act).lower()}): the engines' kernels would need this layer's input "
-                "permuted, which they do not do; quantize without act-order")
+        try:
+            order = order_from_g_idx(tensors.get(f"{prefix}.g_idx"), group_size, k, groups)
+        except ValueError as exc:
+            raise CheckpointError(f"{tensors.file_of(prefix + '.g_idx')}: tensor "
+                                  f"'{prefix}.g_idx' (desc_act={str(desc_act).lower()}) "
+                                  f"{exc}") from None
     elif desc_act:
         raise CheckpointError(f"{where}: desc_act is true but there is no {prefix}.g_idx")
     q = unpack_nibbles(qweight.T.contiguous())  # [N, K]: words along K, as the contract packs
+    if order is not None:  # act-order: each group's inputs together, in the stored order
+        q = q[:, order]
     zeros = unpack_nibbles(qzeros)[:, :n].T  # [N, G]
     if v1:  # stored minus one; a stored 15 is a zero point of 16, outside uint4
         zeros = zeros + 1
@@ -101,4 +107,5 @@ def read_linear(tensors: FolderTensors, prefix: str, group_size: int, v1: bool,
                 f"{tensors.file_of(prefix + '.qzeros')}: tensor '{prefix}.qzeros' holds a "
                 "zero point of 16 (stored 15 in checkpoint_format gptq, which stores zero "
                 "points minus one), outside uint4's 0..15")
-    return to_record(q, scales.T.float(), zeros, group_size, where)
+    record = to_record(q, scales.T.float(), zeros, group_size, where)
+    return record if order is None else msgspec.structs.replace(record, input_order=order)

@@ -4,10 +4,11 @@ Every linear layer but the LM head (the GPTQ tools' default) is rounded with
 ``int4``'s RTN (:func:`switchyard_quant.int4.quantize_uint4`), or with
 ``--gptq`` by GPTQ over a calibration file's texts, one decoder layer after
 another (:mod:`switchyard_quant.gptq_layers`, :mod:`switchyard_quant.gptq_solver`;
-no act-order), and stored in
-the GPTQ layout :mod:`.gptq` reads (``qweight``, ``qzeros``, float16
-``scales``, ``g_idx``), so transformers and GPTQ tools recognise the folder
-too. Zero points are stored minus one (``checkpoint_format`` "gptq", what
+with ``--act-order`` its columns in order of decreasing Hessian diagonal),
+and stored in the GPTQ layout :mod:`.gptq` reads (``qweight``, ``qzeros``,
+float16 ``scales``, ``g_idx``; act-order: ``qweight`` in the inputs' order,
+``g_idx`` each input's group, ``desc_act`` true), so transformers and GPTQ
+tools recognise the folder too. Zero points are stored minus one (``checkpoint_format`` "gptq", what
 every GPTQ reader takes) unless a group has a zero point of 0, which that
 format cannot hold: then the folder says ``gptq_v2`` and stores them as they
 are. Embeddings, norms and the LM head keep their dtype; config.json gets the
@@ -47,19 +48,30 @@ def pack_along_n(values: torch.Tensor) -> torch.Tensor:
 
 
 def gptq_tensors(record: QuantizedWeight, v1: bool) -> dict[str, torch.Tensor]:
-    """One ``uint4_group_asym`` record as GPTQ's four tensors (names without the prefix)."""
+    """One ``uint4_group_asym`` record as GPTQ's four tensors (names without the prefix).
+
+    A record with an ``input_order`` (act-order) is stored as GPTQ stores it:
+    ``qweight`` in the inputs' order and ``g_idx`` each input's group.
+    """
+    from switchyard_quant.gptq_act_order import g_idx_of, restore_input_order
+    from switchyard_quant.int4 import pack_uint4_along_k, unpack_uint4_along_k
+
     k, group_size = record.in_features, record.format.group_size
     if k % 8:
         raise CheckpointError(f"in_features {k} is not a multiple of 8, which GPTQ's qweight needs")
+    data = record.data
+    if record.input_order is not None:
+        q = restore_input_order(unpack_uint4_along_k(record.data, k), record.input_order)
+        data = pack_uint4_along_k(q)
     zeros = record.zero_points.long().T  # [G, N]
     scales = record.scales.T.to(torch.float16)
     flushed = (scales == 0) & (record.scales.T > 0)  # a scale float16 rounds to 0
     if not bool(torch.isfinite(scales).all()) or bool(flushed.any()):
         raise CheckpointError("a scale is outside float16's range")
-    return {"qweight": record.data.T.contiguous(),  # [K/8, N]: the same words, transposed
+    return {"qweight": data.T.contiguous(),  # [K/8, N]: the same words, transposed
             "qzeros": pack_along_n(zeros - 1 if v1 else zeros),
             "scales": scales.contiguous(),
-            "g_idx": (torch.arange(k, dtype=torch.int32) // group_size)}
+            "g_idx": g_idx_of(record.input_order, group_size, k)}
 
 
 def linear_names(folder: Path) -> tuple[list[str], str]:
@@ -135,7 +147,8 @@ def write_gptq(model: str | Path, out: str | Path, group_size: int = 128,
             out_tensors[f"{n}.{suffix}"] = tensor
     dst.mkdir(parents=True, exist_ok=True)
     save_file(out_tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    quant = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False,
+    act_order = gptq is not None and gptq.act_order
+    quant = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": act_order,
              "sym": False, "true_sequential": True, "static_groups": False,
              "checkpoint_format": "gptq" if v1 else "gptq_v2", "lm_head": False}
     if gptq is not None:
@@ -179,7 +192,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration-tokens", type=int, default=None,
                         help=f"GPTQ: tokens per text at most (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--act-order", action="store_true",
-                        help="refused: act-order (desc_act) checkpoints are not served")
+                        help="GPTQ: round each layer's columns in order of decreasing Hessian "
+                             "diagonal (desc_act, g_idx); only with --gptq")
     return parser
 
 
@@ -192,17 +206,15 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if args.method and args.group_size and METHODS[args.method] != args.group_size:
         parser.error(f"--group-size {args.group_size} contradicts --method {args.method} "
                      f"(groups of {METHODS[args.method]})")
-    if args.act_order:
-        parser.error("--act-order: act-order (desc_act) folders are not served here (the kernels "
-                     "do not permute a layer's inputs), so it is not written either")
     gptq_only = {"--calibration": args.calibration, "--damp": args.damp,
+                 "--act-order": args.act_order or None,
                  "--calibration-samples": args.calibration_samples,
                  "--calibration-tokens": args.calibration_tokens}
     if not args.gptq:
         given = [flag for flag, value in gptq_only.items() if value is not None]
         if given:
             parser.error(f"{', '.join(given)}: only with --gptq (round to nearest needs no "
-                         "calibration)")
+                         "calibration and rounds every weight on its own)")
         return group, None
     if not args.calibration:
         parser.error("--gptq needs --calibration FILE: a JSON Lines file of calibration texts "
@@ -213,7 +225,7 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
         damp=defaults.damp if args.damp is None else args.damp,
         samples=defaults.samples if args.calibration_samples is None else args.calibration_samples,
         max_tokens=(defaults.max_tokens if args.calibration_tokens is None
-                    else args.calibration_tokens))
+                    else args.calibration_tokens), act_order=args.act_order)
     if not 0.0 < settings.damp <= 1.0:
         parser.error(f"--damp {settings.damp:g}: must be above 0 and at most 1")
     if settings.samples < 1 or settings.max_tokens < 1:
@@ -233,7 +245,8 @@ def main(argv: list[str]) -> int:
         print(f"switchyard quantize: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}: {written['linears']} linears as GPTQ 4-bit, group "
-          f"{written['group_size']}, checkpoint_format {written['checkpoint_format']} "
+          f"{written['group_size']}{', act-order' if written['desc_act'] else ''}, "
+          f"checkpoint_format {written['checkpoint_format']} "
           f"({written['how']}); {written['head'] or 'the LM head'} kept in float; "
           f"{time.perf_counter() - begin:.1f}s")
     return 0
