@@ -16,6 +16,7 @@ import io
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -117,6 +118,17 @@ def ensure_vlm(kind: str, default_model: Path, cache: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def vlm_folder(kind: str, default_model: Path, cache: Path) -> SimpleNamespace:
+    """The tiny ``kind`` model (``path``, built on first use) with the gateway's tokenizer
+    (``tokenizer``) and image processor (``vision``) for it, as engine tests use them."""
+    from switchyard.media import load_vision_processor
+    from switchyard.text import load_tokenizer
+
+    path = ensure_vlm(kind, default_model, cache)
+    return SimpleNamespace(kind=kind, path=path, tokenizer=load_tokenizer(path),
+                           vision=load_vision_processor(path))
 
 
 def png(width: int, height: int, seed: int) -> bytes:

@@ -19,16 +19,15 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from switchyard.media import ImageSet, encode_prompt, load_vision_processor
+from switchyard.media import ImageSet, encode_prompt
 from switchyard.media.decode import decode_image
-from switchyard.text import load_tokenizer
 from switchyard_gaudi.engine import GaudiEngine
 from switchyard_gaudi.vision import VisionRunner
 from switchyard_gaudi.warmup_plan import PREFILL, BucketSettings, Limits, Memory, plan_warmup
 from switchyard_spec import EngineRequest, EngineStartError, SamplingParams, StoppingParams
 
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
+from tests.e2e.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
 
 from .conftest import SMALL_ENV, Collector, cpu_config, greedy_request, token_ids
 
@@ -41,22 +40,15 @@ LIMITS = {"max_input_tokens": 144, "max_total_tokens": 160, "max_batch_prefill_t
 VISION_ENV = {"BASE_IMAGE_TOKENS": str(BASE)}
 
 
-def _folder(kind: str, default_model: Path, cache: Path) -> SimpleNamespace:
-    """A tiny model of ``kind`` with the gateway's tokenizer and processor for it."""
-    path = ensure_vlm(kind, default_model, cache)
-    return SimpleNamespace(kind=kind, path=path, tokenizer=load_tokenizer(path),
-                           vision=load_vision_processor(path))
-
-
 @pytest.fixture(scope="module", params=["llava_next", "llava"])
 def vlm(request: pytest.FixtureRequest, default_model_path: Path,
         model_cache: Path) -> SimpleNamespace:
-    return _folder(request.param, default_model_path, model_cache)
+    return vlm_folder(request.param, default_model_path, model_cache)
 
 
 @pytest.fixture(scope="module")
 def llava_next(default_model_path: Path, model_cache: Path) -> SimpleNamespace:
-    return _folder("llava_next", default_model_path, model_cache)
+    return vlm_folder("llava_next", default_model_path, model_cache)
 
 
 @pytest.fixture

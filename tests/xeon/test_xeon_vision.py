@@ -17,10 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from switchyard.media import ImageSet, encode_prompt, load_vision_processor
+from switchyard.media import ImageSet, encode_prompt
 from switchyard.media.decode import decode_image
-from switchyard.text import load_tokenizer
 from switchyard_spec import (
     EngineConfig,
     EngineRequest,
@@ -30,7 +28,8 @@ from switchyard_spec import (
 )
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.vision import PagedVisionRunner, VisionRunner
-from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
+
+from tests.e2e.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
 
 TEXT = "What is in ![](http://h/picture.png) this picture?"
@@ -40,22 +39,15 @@ CHUNK = 12
 BLOCK = 4
 
 
-def _folder(kind: str, default_model: Path, cache: Path) -> SimpleNamespace:
-    """A tiny model of ``kind`` with the gateway's tokenizer and processor for it."""
-    path = ensure_vlm(kind, default_model, cache)
-    return SimpleNamespace(kind=kind, path=path, tokenizer=load_tokenizer(path),
-                           vision=load_vision_processor(path))
-
-
 @pytest.fixture(scope="module", params=["llava_next", "llava"])
 def vlm(request: pytest.FixtureRequest, default_model_path: Path,
         model_cache: Path) -> SimpleNamespace:
-    return _folder(request.param, default_model_path, model_cache)
+    return vlm_folder(request.param, default_model_path, model_cache)
 
 
 @pytest.fixture(scope="module")
 def llava_next(default_model_path: Path, model_cache: Path) -> SimpleNamespace:
-    return _folder("llava_next", default_model_path, model_cache)
+    return vlm_folder("llava_next", default_model_path, model_cache)
 
 
 @pytest.fixture
