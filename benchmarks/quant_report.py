@@ -96,12 +96,18 @@ def linear_bytes() -> int:
     import gc
     import warnings
 
+    from switchyard_xeon.fp8_linears import Fp8Linear
     from switchyard_xeon.linears import PackedLinear, PanelLinear
 
     with warnings.catch_warnings():  # some live objects warn when type-checked
         warnings.simplefilter("ignore")
-        return sum(o.packed_weight.nbytes for o in gc.get_objects()
-                   if isinstance(o, (PanelLinear, PackedLinear)))
+        objects = gc.get_objects()
+        packed = sum(o.packed_weight.nbytes for o in objects
+                     if isinstance(o, (PanelLinear, PackedLinear)))
+        # FP8's linears keep their E4M3 weights and per-row output scales as buffers.
+        fp8 = sum(o.fp8_weight.nbytes + o.out_scale.nbytes for o in objects
+                  if isinstance(o, Fp8Linear))
+        return packed + fp8
 
 
 def measure(method: str, model: Path, windows: int, length: int, threads: int,
