@@ -65,14 +65,15 @@ def document(i: int) -> str:
 
 
 def run(folder: str, schema: dict[str, Any], rows: int, steps: int,
-        warmup: int) -> dict[str, float]:
-    """Time ``steps`` steps of ``rows`` constrained rows after ``warmup`` unmeasured ones."""
+        warmup: int, mask: str = "torch") -> dict[str, float]:
+    """Time ``steps`` steps of ``rows`` constrained rows after ``warmup`` unmeasured ones;
+    ``mask`` "torch" (``grammar.mask_logits``) or "native" (the xeon engine's kernel)."""
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
-    support = GrammarSupport(tok, vocab)
+    support = GrammarSupport(tok, vocab, mask=native_mask() if mask == "native" else None)
     constraint = Constraint(kind=ConstraintKind.JSON_SCHEMA,
                             spec=json.dumps(schema, sort_keys=True, separators=(",", ":")))
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
@@ -125,6 +126,16 @@ def run(folder: str, schema: dict[str, Any], rows: int, steps: int,
             "fill_mean_ms": statistics.fmean(fills) * 1e3}
 
 
+def native_mask() -> Any:
+    """The xeon engine's native grammar mask (built on first use); exits if it did not load."""
+    from switchyard_xeon.kernels import load_kernels
+
+    status = load_kernels()
+    if status.token_mask is None:
+        raise SystemExit(f"no native token mask here: {status.reason}")
+    return status.token_mask
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder (default: the tiny default)")
@@ -133,6 +144,9 @@ def main() -> None:
                     help="steps run first and not measured (first visits to grammar states)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--schema", choices=[*SCHEMAS, "all"], default="all")
+    ap.add_argument("--mask", choices=["torch", "native", "both"], default="both",
+                    help="how masks reach the logits: grammar.mask_logits, the xeon engine's "
+                         "native kernel, or both in turn (default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = args.model
@@ -141,10 +155,12 @@ def main() -> None:
 
         folder = str(ensure_default_model(Path.home() / ".cache" / "switchyard"))
     names = list(SCHEMAS) if args.schema == "all" else [args.schema]
+    masks = ["torch", "native"] if args.mask == "both" else [args.mask]
     for name in names:
-        for rows in (1, 32):
-            r = run(folder, SCHEMAS[name], rows, args.steps, args.warmup)
-            print(f"{name:>7} schema, rows {r['rows']:>2}, vocab {r['vocab']}: grammar work "
+        for rows, mask in ((r, m) for r in (1, 32) for m in masks):
+            r = run(folder, SCHEMAS[name], rows, args.steps, args.warmup, mask)
+            print(f"{name:>7} schema, {mask:>6} mask, rows {r['rows']:>2}, vocab {r['vocab']}: "
+                  "grammar work "
                   f"per step mean {r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f}, "
                   f"p90 {r['p90_ms']:.3f} (filling bitmasks {r['fill_mean_ms']:.3f}; "
                   f"wrap + first compile {r['setup_ms']:.0f} ms)", flush=True)

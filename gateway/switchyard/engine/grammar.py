@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -166,11 +166,16 @@ class GrammarSupport:
     exceed the tokenizer's vocabulary (padded embeddings): every column past
     the tokenizer's tokens is always masked. The tokenizer is wrapped on first
     use (xgrammar: ~150 ms for a 49k vocabulary), not at engine start.
+    ``mask`` writes the bitmasks onto the logits (:func:`mask_logits`'s
+    contract); an engine with a native kernel for it passes that.
     """
 
     def __init__(self, tokenizer_source: Any, vocab_size: int,
-                 cache_entries: int = CACHE_ENTRIES, threads: int = COMPILE_THREADS) -> None:
+                 cache_entries: int = CACHE_ENTRIES, threads: int = COMPILE_THREADS,
+                 mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], list[int]]
+                 | None = None) -> None:
         self.vocab_size = vocab_size
+        self._mask = mask or mask_logits
         self.cache_entries = cache_entries
         self._source = tokenizer_source
         self._compiler: Any = None
@@ -279,7 +284,7 @@ class GrammarSupport:
                 masked.append(i)
         if masked:
             index = torch.tensor(masked, dtype=torch.long)
-            dead = mask_logits(logits, bitmask.index_select(0, index), index)
+            dead = self._mask(logits, bitmask.index_select(0, index), index)
             for j in dead:
                 errors[masked[j]] = "the grammar allows no next token"
         return errors

@@ -29,7 +29,7 @@ from switchyard_xeon import alibi_attention
 from switchyard_xeon.attention import DecodeRows, PrefillRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
 from switchyard_xeon.decoder import PackedForward
-from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
+from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn, load_kernels
 from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
 
@@ -240,8 +240,10 @@ class ModelRunner:
                 seq.sampler.grammar = failed_state(
                     "constrained decoding: the folder the model was loaded from is unknown")
                 return
-            # The samplers are sized to the logits' width (padded vocabularies included).
-            self.grammar = GrammarSupport(folder, seq.sampler.vocab_size)
+            # The samplers are sized to the logits' width (padded vocabularies included);
+            # the native kernel, where it loaded, writes the masks in one pass.
+            self.grammar = GrammarSupport(folder, seq.sampler.vocab_size,
+                                          mask=load_kernels().token_mask)
         seq.sampler.grammar = self.grammar.start(seq.request)
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:

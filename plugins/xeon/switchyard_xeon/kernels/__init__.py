@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Eight sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Nine sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -21,6 +21,9 @@ Eight sources, one library, registered as ``switchyard_xeon::*`` torch operators
   scalar code, whichever the build and the CPU have;
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
+- ``token_mask.cpp``: :class:`TokenMaskFn`, constrained rows' grammar
+  bitmasks written onto fp32 logits as -inf in one pass (AVX-512 masked
+  stores; a bit loop elsewhere).
 
 They are compiled with ``torch.utils.cpp_extension`` for this CPU
 (``-march=native``: AVX-512 where there is some) into torch's extension cache,
@@ -55,7 +58,8 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "f
                                                                 "panel_dot_bf16.cpp",
                                                                 "panel_dot_uint4.cpp",
                                                                 "panel_w8a8.cpp",
-                                                                "decode_layers.cpp"))
+                                                                "decode_layers.cpp",
+                                                                "token_mask.cpp"))
 _HEADERS = (Path(__file__).with_name("ops.h"),)
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
@@ -130,6 +134,28 @@ class FusedOps(Protocol):
         ...
 
 
+class TokenMaskFn(Protocol):
+    """Grammar bitmasks onto logits, as :func:`switchyard.engine.grammar.mask_logits` defines it."""
+
+    def __call__(self, logits: torch.Tensor, words: torch.Tensor,
+                 index: torch.Tensor) -> list[int]:
+        """Set ``logits[index[j], t]`` to -inf wherever bit ``t`` of ``words[j]`` is 0, in
+        place; rows allowing no token are left alone and their positions returned."""
+        ...
+
+
+def native_token_mask(logits: torch.Tensor, words: torch.Tensor, index: torch.Tensor) -> list[int]:
+    """:class:`TokenMaskFn` on ``token_mask.cpp`` for fp32 logits rows with unit stride;
+    other logits take :func:`switchyard.engine.grammar.mask_logits`."""
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1 or logits.dim() != 2:
+        from switchyard.engine.grammar import mask_logits
+
+        return mask_logits(logits, words, index)
+    dead = torch.ops.switchyard_xeon.mask_logits_.default(
+        logits, words.contiguous(), index.to(torch.long))
+    return dead.nonzero().flatten().tolist()
+
+
 class NativeFusedOps:
     """:class:`FusedOps` backed by the operators ``fused_ops.cpp`` registers."""
 
@@ -159,6 +185,8 @@ class KernelStatus:
     w8a8: str = ""
     """The W8A8 int8 panels' paths in this process (e.g. "amx (tdpbusd) from 32 rows,
     avx512-vnni (vpdpbusd) below"), checked; '' when they are missing or failed."""
+    token_mask: TokenMaskFn | None = None
+    """Grammar bitmasks onto fp32 logits in one pass (``token_mask.cpp``), checked."""
 
 
 _lock = threading.Lock()
@@ -217,9 +245,15 @@ def _load() -> KernelStatus:
             logger.warning("W8A8 panels failed their check, not used: %s", w8a8_error)
         else:
             w8a8 = _w8a8_paths(ops.w8a8_paths())
+    token_mask = native_token_mask
+    mask_error = checks.check_token_mask(token_mask)
+    if mask_error:
+        logger.warning("grammar token mask failed its check, not used: %s", mask_error)
+        token_mask = None
     return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
                         bf16_dot=bf16_dot and not dot_error,
-                        uint4_dot=uint4_dot and not uint4_error, w8a8=w8a8)
+                        uint4_dot=uint4_dot and not uint4_error, w8a8=w8a8,
+                        token_mask=token_mask)
 
 
 W8A8_AMX_MIN_ROWS = 16

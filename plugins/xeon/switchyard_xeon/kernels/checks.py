@@ -292,3 +292,31 @@ def check_w8a8() -> str:
             if not err <= 1e-5 * max(1.0, want.abs().max().item()):
                 return f"w8a8 {name}: max error {err:.3g}"
     return ""
+
+
+def check_token_mask(mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], list[int]]
+                     ) -> str:
+    """Compare the native grammar mask with :func:`switchyard.engine.grammar.mask_logits`
+    (a vocabulary with a partial last word, bitmasks wider than the logits, rows that
+    allow nothing, all, a few or most tokens); '' when they agree exactly."""
+    from switchyard.engine.grammar import mask_logits
+
+    gen = torch.Generator().manual_seed(0)
+    for vocab, width in ((77, 3), (100, 5), (1000, 32)):
+        logits = torch.randn(6, vocab, generator=gen)
+        words = torch.randint(-2**31, 2**31 - 1, (4, width), generator=gen,
+                              dtype=torch.int64).to(torch.int32)
+        words[1] = 0  # allows nothing: left alone, reported
+        words[2] = -1  # allows everything
+        words[3] = words[3] & 0x00010001  # a few
+        words[:, -1] &= 0x7FFFFFFF  # bits past the vocabulary are ignored either way
+        index = torch.tensor([5, 0, 3, 2])
+        want, got = logits.clone(), logits.clone()
+        try:
+            dead_want = mask_logits(want, words, index)
+            dead_got = mask(got, words, index)
+        except Exception as exc:  # noqa: BLE001 - a kernel that raises is reported, not fatal
+            return f"mask raised {type(exc).__name__}: {exc}"
+        if dead_got != dead_want or not torch.equal(got, want):
+            return f"vocab {vocab}: masked logits or dead rows differ from mask_logits"
+    return ""
