@@ -460,10 +460,10 @@ def test_a_bf16_checkpoint_run_in_fp32_gives_generate_tokens(tmp_path, caplog):
 def test_without_native_kernels_the_decoder_runs_on_torch_ops(make_engine, hf_greedy, monkeypatch,
                                                               caplog):
     """No compiler (or SWITCHYARD_XEON_KERNELS=0): PyTorch ops, SDPA and oneDNN, same tokens."""
-    from switchyard_xeon import engine as engine_module
+    from switchyard_xeon import assembly
     from switchyard_xeon.kernels import KernelStatus
 
-    monkeypatch.setattr(engine_module, "load_kernels",
+    monkeypatch.setattr(assembly, "load_kernels",
                         lambda: KernelStatus(None, "native kernels disabled for the test"))
     with caplog.at_level("INFO", logger="switchyard.xeon"):
         engine = make_engine({"block_size": "4"}, max_batch_prefill_tokens=16)

@@ -155,7 +155,7 @@ def test_the_engine_refuses_int4_where_it_has_no_kernel(default_model_path, monk
                                                "weights; use --dtype auto or bfloat16"):
         _start(path, "float32")
     with monkeypatch.context() as patch:  # a CPU without AVX512_BF16 (or linears=onednn)
-        patch.setattr(XeonEngine, "_bf16_dot_available", lambda self: False)
+        patch.setattr("switchyard_xeon.assembly.bf16_dot_available", lambda options: False)
         with pytest.raises(EngineStartError, match=r"--quantize int4 runs on the AVX512_BF16 "
                                                    r"dot-product kernels, which are not available"):
             _start(path)

@@ -111,6 +111,6 @@ def test_the_engine_refuses_what_it_cannot_quantize(default_model_path, monkeypa
     with pytest.raises(EngineStartError, match="use --dtype auto or bfloat16, not float32"):
         _start(path, "float32", "int8")
     # A CPU without AVX512_BF16 (or linears that rule the panels out) cannot run it.
-    monkeypatch.setattr(XeonEngine, "_bf16_dot_available", lambda self: False)
+    monkeypatch.setattr("switchyard_xeon.assembly.bf16_dot_available", lambda options: False)
     with pytest.raises(EngineStartError, match="int8 runs on the AVX512_BF16 dot-product kernels"):
         _start(path, "auto", "int8")

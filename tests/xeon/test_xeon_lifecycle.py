@@ -182,16 +182,16 @@ def test_the_model_loads_on_the_compute_thread(make_engine, monkeypatch):
     """Loading and packing run where the loop runs: OpenMP then keeps one pool of workers."""
     import threading
 
-    from switchyard_xeon import engine as engine_module
+    from switchyard_xeon import assembly
 
     seen: list[str] = []
-    real = engine_module.load_causal_lm
+    real = assembly.load_causal_lm
 
     def recording(*args, **kwargs):
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "load_causal_lm", recording)
+    monkeypatch.setattr(assembly, "load_causal_lm", recording)
     engine = make_engine()
     assert seen == ["switchyard-xeon"] and engine._thread.name == "switchyard-xeon"
     sink = Collector()
