@@ -121,7 +121,7 @@ def test_an_engine_without_the_format_refuses_fp8_naming_what_it_runs():
         host.resolve_quantization("fp8", _engine("plain", ()))
 
 
-def test_switchyard_plugins_lists_fp8_with_the_xeon_engine():
+def test_switchyard_plugins_lists_fp8_with_both_engines():
     import subprocess
     import sys
 
@@ -129,4 +129,6 @@ def test_switchyard_plugins_lists_fp8_with_the_xeon_engine():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.strip().startswith("fp8 "))
-    assert "formats=fp8-e4m3-per-tensor engines=xeon:" in line
+    assert "formats=fp8-e4m3-per-tensor engines=" in line
+    engines = line.split(" engines=", 1)[1].split(":", 1)[0]
+    assert sorted(engines.split(", ")) == ["gaudi", "xeon"]

@@ -2,8 +2,9 @@
 
 :func:`prepare` reads the environment and the options, opens the device,
 reads the model's sizes from its folder and plans warmup (refusing what does
-not fit); only then does :func:`assemble` load the weights and build the
-cache, the runner, the scheduler and admission around them. A vision-language
+not fit); only then does :func:`assemble` load the weights (with
+``--quantize fp8``: calibrate and quantize them, :mod:`~switchyard_gaudi.fp8_linears`)
+and build the cache, the runner, the scheduler and admission around them. A vision-language
 folder (Llava-Next, Llava 1.5) loads with transformers' Llava class and gets
 the :class:`~switchyard_gaudi.vision.VisionRunner`.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -22,12 +23,17 @@ from switchyard.engine.loading import dtype_name, load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
 
-from switchyard_gaudi import attention, fp8, tensor_parallel
+from switchyard_gaudi import attention, fp8, fp8_linears, tensor_parallel
 from switchyard_gaudi.admission import Admission
 from switchyard_gaudi.device import HPU, Device, open_device
 from switchyard_gaudi.kv_cache import StaticKVCache
 from switchyard_gaudi.limits import EngineOptions, resolve_plan
-from switchyard_gaudi.model_dims import DTYPE_BYTES, ModelDims, read_model_dims
+from switchyard_gaudi.model_dims import (
+    DTYPE_BYTES,
+    ModelDims,
+    read_model_dims,
+    safetensors_shapes,
+)
 from switchyard_gaudi.rows import RowTable
 from switchyard_gaudi.runner import StaticRunner
 from switchyard_gaudi.scheduler import Policy, Scheduler, WaitingQueue
@@ -99,7 +105,7 @@ def memory_for(device_kind: str, graphs: bool, free: int, ranks: int = 1) -> Mem
 
 def check_model(dims: ModelDims, config: EngineConfig, settings: GaudiSettings) -> None:
     """Refuse, before anything loads, a model type the engine does not serve, and what a
-    vision-language model cannot be served with (sharding, ``QUANT_CONFIG``)."""
+    vision-language model cannot be served with (sharding, ``QUANT_CONFIG``, ``--quantize``)."""
     if not dims.takes_images:
         if dims.model_type not in SUPPORTED_MODELS:
             raise EngineStartError(
@@ -120,23 +126,82 @@ def check_model(dims: ModelDims, config: EngineConfig, settings: GaudiSettings) 
             f"gaudi engine: QUANT_CONFIG (FP8) is not supported for {name}: the measurement "
             "runs text prompts, so the vision tower and projector would have no statistics; "
             "serve it in bf16")
+    if config.quantize:
+        raise EngineStartError(
+            f"gaudi engine: --quantize {config.quantize} is not supported for {name}: "
+            "calibration runs text prompts, so the vision tower and projector would have no "
+            "statistics; serve it in bf16")
+
+
+CALIBRATION_CACHE = "calibration_cache"
+"""The toolkit's option naming the calibration cache folder (switchyard.engine.calibration)."""
+
+
+def engine_options(config: EngineConfig) -> dict[str, str]:
+    """``config.options`` less those a calibrated ``--quantize`` method and the toolkit read."""
+    method = config.quantization
+    if method is None or method.calibration is None:
+        return dict(config.options)
+    theirs = {*method.calibration.options, CALIBRATION_CACHE}
+    return {k: v for k, v in config.options.items() if k not in theirs}
+
+
+def check_quantize(config: EngineConfig, settings: GaudiSettings) -> None:
+    """Refuse a ``--quantize`` this engine cannot run, before anything loads.
+
+    It runs ``fp8-e4m3-per-tensor`` (``--quantize fp8``), and not together
+    with ``QUANT_CONFIG`` (two FP8 flows over one model). Whether the device
+    has the format's FP8 range is :meth:`Device.fp8_problem`'s to say.
+    """
+    if not config.quantize:
+        return
+    label = f"gaudi engine: --quantize {config.quantize}"
+    if config.quantization is None:
+        raise EngineStartError(f"{label}: the method was not handed to the engine "
+                               "(EngineConfig.quantization is None)")
+    if not fp8_linears.runs_fp8(config.quantization):
+        formats = ", ".join(f.name for f in config.quantization.formats)
+        raise EngineStartError(f"{label} produces {formats} weights, which the engine has no "
+                               "kernels for; it runs fp8-e4m3-per-tensor (--quantize fp8)")
+    if settings.quant_config:
+        raise EngineStartError(
+            f"{label} and QUANT_CONFIG={settings.quant_config} both ask for FP8: use one, the "
+            "contract's method (calibrated by switchyard) or Intel Neural Compressor's config")
+
+
+def quantize_fp8(config: EngineConfig, model: torch.nn.Module, device: Device) -> None:
+    """``--quantize fp8``: calibrate ``model`` through the toolkit, then make its linears FP8."""
+    from switchyard.engine.calibration import calibrate
+
+    method = config.quantization
+    assert method is not None and method.calibration is not None
+    statistics, line = calibrate(model, config.model_path, method.calibration, config.options,
+                                 method.name)
+    logger.info("gaudi: --quantize %s: %s", method.name, line)
+    logger.info("gaudi: --quantize %s: %s", method.name, fp8_linears.quantize_linears(
+        model, method, statistics, config.options, device))
 
 
 def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
     """Settings, options, device, model sizes, warmup plan; EngineStartError if unservable."""
     settings = GaudiSettings.from_env(env)
-    options = EngineOptions.parse(config.options)
+    check_quantize(config, settings)
+    options = EngineOptions.parse(engine_options(config))
     device = open_device(
         options.device, graphs=settings.enable_hpu_graph, lazy=settings.pt_hpu_lazy_mode,
         cpu_compile=options.cpu_compile, fused_attention=settings.use_flash_attention,
         recompute=settings.flash_attention_recompute)
     for note in inapplicable(settings, device.kind):
         logger.warning("gaudi: %s", note)
-    if config.quantize:
-        raise EngineStartError(f"gaudi engine: --quantize {config.quantize} is not supported "
-                               "(FP8 comes through QUANT_CONFIG)")
+    problem = device.fp8_problem() if config.quantize else None
+    if problem is not None:
+        raise EngineStartError(f"gaudi engine: --quantize {config.quantize}: {problem}")
     dims = read_model_dims(config.model_path)
     check_model(dims, config, settings)
+    if config.quantize:  # the linears' weights held at one byte each
+        held, added = fp8_linears.fp8_weight_elements(safetensors_shapes(config.model_path),
+                                                      dims.tied_embeddings)
+        dims = replace(dims, parameters=dims.parameters + added, fp8_parameters=held)
     dtype = serving_dtype(config.dtype, device.kind)
     fp8_plan = None
     if settings.quant_config:  # before any weight loads: a bad config or missing stats stop here
@@ -148,6 +213,10 @@ def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
     if ranks > 1 and fp8_plan is not None:
         raise EngineStartError("gaudi engine: QUANT_CONFIG (FP8) with --num-shard above 1 is "
                                "not implemented; serve FP8 on one card, or shard in bf16")
+    if ranks > 1 and config.quantize:
+        raise EngineStartError(f"gaudi engine: --quantize {config.quantize} with --num-shard "
+                               "above 1 is not implemented (the ranks' linears are not "
+                               "quantized); serve FP8 on one card, or shard in bf16")
     memory = memory_for(device.kind, device.graphs,
                         options.device_memory or device.free_memory(), ranks)
     plan = resolve_plan(config, options, dims.per_rank(ranks),
@@ -177,9 +246,14 @@ def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None)
         loaded = load_vision_lm(config.model_path, arch, p.dtype, p.device.kind,
                                 text_attention=attention.register())
     else:  # sharded, each rank loads on the host; AutoTP moves only its slices to the device
+        # --quantize calibrates on the host (the toolkit feeds host tensors), then moves.
+        on_host = p.ranks > 1 or bool(config.quantize)
         loaded = load_causal_lm(config.model_path, dtype=dtype_name(p.dtype),
-                                device=p.device.kind if p.ranks == 1 else "cpu",
+                                device="cpu" if on_host else p.device.kind,
                                 attn_implementation=attention.register())
+        if config.quantize:
+            quantize_fp8(config, loaded.model, p.device)
+            loaded.model.to(p.device.torch_device)
     # INC patches the linear layers in place, before the step functions are captured.
     fp8_model = fp8.convert(loaded.model, p.fp8) if p.fp8 is not None else None
     model = tensor_parallel.shard_model(loaded.model, p.device, p.ranks, p.dtype) \

@@ -3,7 +3,8 @@
 Everything the engine asks of its device goes through a :class:`Device`:
 ``mark_step`` (lazy mode's graph boundary), ``capture`` (HPU graphs, or
 ``torch.compile``), ``attention`` (Habana's FusedSDPA, or torch's SDPA),
-``free_memory``, the profiler's activities, and for sharding the device
+``free_memory``, FP8 casts and matmuls (``to_fp8``, ``fp8_linear``),
+the profiler's activities, and for sharding the device
 count, the collective backend (HCCL, or gloo) and what lazy mode needs. Each has a CPU implementation,
 so the very same engine runs on the CPU device for tests
 (``--engine-option device=cpu``).
@@ -32,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from switchyard_spec import EngineStartError
+from switchyard_spec import FP8_E4M3_MAX, EngineStartError
 
 if TYPE_CHECKING:
     import torch
@@ -216,6 +217,59 @@ class Device:
 
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+    # ---------------------------------------------------------------- FP8
+    def fp8_problem(self) -> str | None:
+        """Why this device cannot run ``fp8-e4m3-per-tensor`` layers, or None.
+
+        The format's scales map the largest value to E4M3's 448; Gaudi 2's
+        FP8 units saturate at 240 (Intel Neural Compressor scales for that
+        range there), so the format runs on Gaudi 3 and on the CPU device.
+        """
+        if self.kind != HPU:
+            return None
+        import habana_frameworks.torch.utils.experimental as htexp
+
+        if htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi2:
+            return ("Gaudi 2's FP8 range is +-240, and fp8-e4m3-per-tensor scales to E4M3's "
+                    "+-448; serve FP8 there through QUANT_CONFIG, which scales for the device")
+        return None
+
+    def to_fp8(self, x: torch.Tensor, scale: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        """``float8_e4m3fn(x / scale)``, saturating at +-448; ``inverse`` is ``1 / scale``.
+
+        HPU: Habana's cast, which multiplies by ``inverse``. CPU: the
+        contract's formula (fp32 division, clamp, round to nearest even).
+        """
+        import torch
+
+        if self.kind == HPU:
+            return torch.ops.hpu.cast_to_fp8_v2(x, inverse, False, False,
+                                                torch.float8_e4m3fn)[0]
+        return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+    def fp8_linear(self, xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor,
+                   w_scale: torch.Tensor, bias: torch.Tensor | None,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+        """``(xq * x_scale) @ (weight * w_scale).T + bias`` in ``out_dtype``.
+
+        ``xq`` [..., K] and ``weight`` [N, K] are ``float8_e4m3fn``; the scales
+        are 0-d fp32 tensors. HPU: Habana's FP8 GEMM (``fp8_gemm_v2``, the
+        op Intel Neural Compressor's FP8 linears call). CPU: both operands
+        widened to fp32 (every E4M3 value and every product of two is exact
+        there) and one fp32 matmul, scaled by ``x_scale * w_scale`` after.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        if self.kind == HPU:
+            y = torch.ops.hpu.fp8_gemm_v2(xq, False, weight, True, None, out_dtype, x_scale,
+                                          w_scale, None, False)
+            return y if bias is None else y + bias
+        y = F.linear(xq.float(), weight.float()) * (x_scale * w_scale)
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(out_dtype)
 
     # ------------------------------------------------------------- memory
     def free_memory(self) -> int:

@@ -13,7 +13,8 @@ Pieces, each in its own module: ``assembly`` (start-up order), ``settings`` (the
 ``rows`` (the static cache and who holds which row), ``attention`` and
 ``runner`` (the captured forward passes; ``vision`` for Llava-Next and Llava
 1.5, whose prefill takes image features), ``scheduler`` (TGI's router
-semantics), ``admission``, ``events`` and ``profiler``; sharded
+semantics), ``admission``, ``events`` and ``profiler``; FP8, ``fp8_linears``
+(``--quantize fp8``) and ``fp8`` (``QUANT_CONFIG``); sharded
 (``--num-shard`` > 1), ``tensor_parallel`` (how many ranks, AutoTP),
 ``shard_group`` (the follower processes and the ops sent to them) and
 ``rank`` (a follower's main loop).

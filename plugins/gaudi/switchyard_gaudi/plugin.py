@@ -12,11 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from switchyard_spec import CommandSpec, DeviceInfo, Engine, EngineConfig, EngineSpec, hookimpl
+from switchyard_spec import (
+    FP8_E4M3_PER_TENSOR,
+    CommandSpec,
+    DeviceInfo,
+    Engine,
+    EngineConfig,
+    EngineSpec,
+    hookimpl,
+)
 
 ENGINE_NAME = "gaudi"
 PRIORITY = 100
 """Above the CPU engine's: where an HPU is present it serves by default."""
+WEIGHT_FORMATS = (FP8_E4M3_PER_TENSOR,)
+"""The quantized formats the engine runs: FP8 E4M3 (``--quantize fp8``) on the device's FP8
+matmul (:mod:`switchyard_gaudi.fp8_linears`; Habana's on an HPU, the format's math in
+PyTorch on the CPU device). ``QUANT_CONFIG`` is Intel Neural Compressor's own FP8 flow."""
 
 
 def make_engine(config: EngineConfig) -> Engine:
@@ -50,6 +62,7 @@ def switchyard_engines() -> list[EngineSpec]:
             factory=make_engine,
             probe=probe,
             priority=PRIORITY,
+            weight_formats=WEIGHT_FORMATS,
             constrained_decoding=True,
         )
     ]
