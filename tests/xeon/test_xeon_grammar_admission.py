@@ -71,3 +71,14 @@ def test_a_request_aborted_while_its_grammar_compiles_ends_once(make_engine, gat
     engine.abort("held")
     events = sink.wait("held")
     assert [e.finish_reason.value for e in events] == ["aborted"]
+
+
+def test_warmup_wraps_the_tokenizer_before_any_constrained_request(make_engine):
+    engine = make_engine()
+    assert engine._runner.grammar is None  # nothing constrained has arrived
+    engine.warmup()
+    grammar = engine._runner.grammar
+    assert grammar is not None and grammar.compiles == 0
+    # The wrap runs in the grammar worker: a constrained request finds it done.
+    assert grammar.prepare().result(timeout=60) is not None
+    assert grammar._compiler is not None and grammar.compiles == 0

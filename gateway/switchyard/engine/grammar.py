@@ -165,7 +165,8 @@ class GrammarSupport:
     tokenizer); ``vocab_size`` is the width of the model's logits, which may
     exceed the tokenizer's vocabulary (padded embeddings): every column past
     the tokenizer's tokens is always masked. The tokenizer is wrapped on first
-    use (xgrammar: ~150 ms for a 49k vocabulary), not at engine start.
+    use (xgrammar: ~150 ms for a 49k vocabulary), or in the background when the
+    engine calls :meth:`prepare` (the xeon engine does at warmup).
     ``mask`` writes the bitmasks onto the logits (:func:`mask_logits`'s
     contract); an engine with a native kernel for it passes that.
     """
@@ -189,6 +190,12 @@ class GrammarSupport:
         self.compiles = 0
 
     # ------------------------------------------------------------- compile
+    def prepare(self) -> Future[Any]:
+        """Wrap the tokenizer in the compile worker now (the first compile's cost, ~0.15-0.3 s
+        for a 49k vocabulary), so the model's first constrained request does not wait for
+        it; an engine calls this when it is warm. A failure surfaces on the first compile."""
+        return self._pool.submit(self._compiler_ready)
+
     def _compiler_ready(self) -> Any:
         """The xgrammar compiler, built on first use (wraps the tokenizer once)."""
         with self._lock:

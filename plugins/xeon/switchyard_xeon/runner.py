@@ -234,17 +234,32 @@ class ModelRunner:
         """Start compiling ``seq``'s grammar in the worker, unless it has one already."""
         if seq.request.constraint is None or seq.sampler.grammar is not None:
             return
+        grammar = self._grammar_support(seq.sampler.vocab_size)
+        if grammar is None:  # the row fails alone (GrammarState.error), not the step
+            seq.sampler.grammar = failed_state(
+                "constrained decoding: the folder the model was loaded from is unknown")
+            return
+        seq.sampler.grammar = grammar.start(seq.request)
+
+    def prepare_grammar(self, vocab_size: int) -> None:
+        """Build the grammar support and wrap the tokenizer in its worker, in the background,
+        so the first constrained request pays only its own compile. ``vocab_size`` is the
+        logits' width. Call it before requests arrive (at warmup): it is not thread-safe
+        against :meth:`start_grammar`."""
+        grammar = self._grammar_support(vocab_size)
+        if grammar is not None:
+            grammar.prepare()
+
+    def _grammar_support(self, vocab_size: int) -> GrammarSupport | None:
+        """The model's grammar support, built on first use; None when its folder is unknown."""
         if self.grammar is None:
             folder = model_folder(self._forward)
-            if folder is None:  # the row fails alone (GrammarState.error), not the step
-                seq.sampler.grammar = failed_state(
-                    "constrained decoding: the folder the model was loaded from is unknown")
-                return
+            if folder is None:
+                return None
             # The samplers are sized to the logits' width (padded vocabularies included);
             # the native kernel, where it loaded, writes the masks in one pass.
-            self.grammar = GrammarSupport(folder, seq.sampler.vocab_size,
-                                          mask=load_kernels().token_mask)
-        seq.sampler.grammar = self.grammar.start(seq.request)
+            self.grammar = GrammarSupport(folder, vocab_size, mask=load_kernels().token_mask)
+        return self.grammar
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
         """Logits at the packed positions ``keep`` ([len(keep), vocab]).
