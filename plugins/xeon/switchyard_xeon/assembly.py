@@ -224,16 +224,15 @@ def choose_precision(config: EngineConfig, method: QuantizationMethod | None,
     fp8 = fp8_linears.runs_fp8(method)
     w8a8 = method is not None and not fp8 and quantized.runs_w8a8(method)
     linears = _option(config.options, "linears", LINEARS)
-    if fp8:
-        pass  # any dtype: the linears take fp32 or bf16 inputs, the cache keeps the dtype
-    elif w8a8:
+    # FP8's linears take fp32 or bf16 inputs: the dtype asked for stands.
+    if w8a8:
         if linears not in ("packed", "panel"):
             raise EngineStartError(f"xeon engine: --quantize {method.name} runs on the native "
                                    f"W8A8 panels, which linears={linears} rules out")
         dtype = quantized.w8a8_dtype(config, method, dtype)
         if dtype == torch.bfloat16 and not bf16_dot_available(config.options):
             dtype = torch.float32  # the linears take fp32 inputs either way
-    elif method is not None:
+    elif method is not None and not fp8:
         dtype = quantized.quantized_dtype(config, method, dtype,
                                           bf16_dot_available(config.options), linears)
     bf16_dot = dtype == torch.bfloat16 and bf16_dot_available(config.options)

@@ -383,8 +383,9 @@ class FallbackRunner(ModelRunner):
 
     def input_embeds(self, seq: Sequence) -> torch.Tensor:
         """The input embeddings of ``seq``'s scheduled tokens, ``[1, num_scheduled, hidden]``,
-        for a step where :meth:`feeds_embeds` is true."""
-        raise NotImplementedError
+        for a step where :meth:`feeds_embeds` is true (never here: a runner that says true
+        overrides both)."""
+        raise NotImplementedError(f"{type(self).__name__} feeds token ids only")
 
     def _call(self, input_ids: torch.Tensor, cache: object, positions: torch.Tensor,
               rows: torch.Tensor | int | None, total: int,
