@@ -40,7 +40,7 @@ except ImportError as exc:
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("switchyard", "switchyard-process", "switchyard-int8", "switchyard-int4",
-         "switchyard-smoothquant", "switchyard-engine", "hf-generate",
+         "switchyard-fp8", "switchyard-smoothquant", "switchyard-engine", "hf-generate",
          "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16")
 MAKE_MODEL = HERE / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
@@ -114,6 +114,7 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
         "switchyard-process": lambda: SwitchyardProcessPeer(args.switchyard_args),
         "switchyard-int8": lambda: SwitchyardQuantPeer("int8", args.switchyard_args),
         "switchyard-int4": lambda: SwitchyardQuantPeer("int4", args.switchyard_args),
+        "switchyard-fp8": lambda: SwitchyardQuantPeer("fp8", args.switchyard_args),
         "switchyard-smoothquant": lambda: SwitchyardQuantPeer("smoothquant",
                                                               args.switchyard_args),
         "switchyard-engine": EnginePeer,

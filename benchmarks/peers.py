@@ -159,7 +159,8 @@ class SwitchyardQuantPeer(SwitchyardPeer):
 
     NOTES = {"int8": "weight-only int8, per-feature scales",
              "int4": "weight-only uint4, groups of 128",
-             "smoothquant": "SmoothQuant W8A8, per-token activations, alpha 0.5"}
+             "smoothquant": "SmoothQuant W8A8, per-token activations, alpha 0.5",
+             "fp8": "FP8 E4M3 weights and activations, per-tensor scales"}
 
     def __init__(self, method: str, extra_args: str = "") -> None:
         super().__init__(f"--quantize {method} {extra_args}")
@@ -170,8 +171,11 @@ class SwitchyardQuantPeer(SwitchyardPeer):
     def unavailable(self) -> str | None:
         from switchyard_xeon.machine import read_cpu_info
 
-        if self.method != "smoothquant" and "avx512_bf16" not in read_cpu_info().flags:
-            return f"--quantize {self.method} runs on AVX512_BF16 kernels, which this CPU lacks"
+        flags = read_cpu_info().flags
+        if self.method != "smoothquant" and "avx512_bf16" not in flags and not {
+                "avx2", "fma"} <= flags:
+            return (f"--quantize {self.method} runs on AVX512_BF16 or AVX2 + FMA kernels, "
+                    f"which this CPU lacks")
         return super().unavailable()
 
 

@@ -47,6 +47,8 @@ PATHS = (
                "(kernels/panel_dot_bf16.cpp)", "AVX512_BF16"),
     KernelPath("panel uint4", "uint4 weights, bf16 dot products (kernels/panel_dot_uint4.cpp)",
                "AVX512_BF16"),
+    KernelPath("panel quant fma", "int8, uint4 and FP8 weights in fp32 math, widened in "
+               "registers (kernels/panel_quant_fma.cpp)", "AVX2 + FMA"),
     KernelPath("w8a8 amx", "W8A8 int8 GEMM on AMX tiles, tdpbusd (kernels/panel_w8a8.cpp)",
                "AMX-INT8 and the kernel's tile permission", twin="w8a8 vnni"),
     KernelPath("w8a8 vnni", "W8A8 int8 panels, vpdpbusd (kernels/panel_w8a8.cpp)",
@@ -91,6 +93,7 @@ def unavailable(name: str) -> str:
         "panel_dot bf16": status.bf16_dot,
         "panel int8": status.bf16_dot,
         "panel uint4": status.uint4_dot,
+        "panel quant fma": status.quant_fma,
         **{p: bool(w8a8 >> n & 1) for p, n in W8A8_PATH_NUMBERS.items()},
     }[name]
     return "" if have else f"needs {BY_NAME[name].needs}, which this build lacks"

@@ -1,7 +1,9 @@
 """``switchyard serve --quantize``, end to end, with the real clients.
 
 int8 and int4 serve the greedy tokens of a transformers reference over the
-same quantized weights (``tests/xeon/quantized_reference.py``); a name no
+same quantized weights: in bf16 matmuls (``tests/xeon/quantized_reference.py``)
+where the CPU has AVX512_BF16, in fp32 over the dequantized weights where the
+AVX2 + FMA panels run them instead; a name no
 plugin declares stops start-up with what the engine can run; a GPTQ folder
 written by ``switchyard quantize`` serves, detected, the tokens of its weights.
 """
@@ -38,10 +40,14 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
 
 
 def _reference_tokens(path, name: str) -> list[int]:
-    """Greedy tokens of transformers with every linear over ``name``'s quantized weights."""
+    """Greedy tokens of transformers with every linear over ``name``'s quantized weights, in
+    the math the server computes here (:func:`_needs_kernels`)."""
+    from tests.xeon.test_xeon_quant_fma import _with_dequantized_weights
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    reference = _with_bf16_matmuls(model, method(name))
+    reference = (_with_bf16_matmuls(model, method(name)) if _bf16_dot(name)
+                 else _with_dequantized_weights(model, name))
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     with torch.inference_mode():
         out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -49,10 +55,16 @@ def _reference_tokens(path, name: str) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
+def _bf16_dot(name: str) -> bool:
+    """Whether ``--quantize name`` runs on the bf16 dot-product panels here (else fp32, fma)."""
+    status = load_kernels()
+    return status.uint4_dot if name == "int4" else status.bf16_dot
+
+
 def _needs_kernels(name: str) -> None:
     status = load_kernels()
-    if not (status.uint4_dot if name == "int4" else status.bf16_dot):
-        pytest.skip(f"no AVX512_BF16 dot-product panels here ({status.reason}): "
+    if not (_bf16_dot(name) or status.quant_fma):
+        pytest.skip(f"no native quantized panels here ({status.reason}): "
                     f"--quantize {name} needs them")
 
 
@@ -148,7 +160,9 @@ def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
     from tests.xeon.test_xeon_checkpoints import _reference
     from tests.xeon.test_xeon_decoder import _assert_greedy_near
 
-    _needs_kernels("int4")
+    if not _bf16_dot("int4"):  # its reference is the bf16 one; the fp32 path has its own test
+        pytest.skip("no uint4 dot-product panels here; tests/xeon/test_xeon_quant_fma.py serves "
+                    "a GPTQ folder on the AVX2 + FMA panels")
     folder = tmp_path / "gptq"
     done = subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize",
                            str(default_model_path), str(folder), "--method", "int4-g64"],

@@ -27,6 +27,7 @@ from switchyard_spec import FP8_E4M3_PER_TENSOR, EngineConfig, EngineStartError
 from switchyard_xeon import fp8_linears
 from switchyard_xeon.engine import XeonEngine
 
+from tests import kernel_paths
 from tests.quant.methods import method
 from tests.xeon.conftest import TEST_OPTIONS
 from tests.xeon.test_xeon_decoder import _assert_greedy_near, _bf16_kv_sdpa, _engine_tokens
@@ -99,9 +100,16 @@ def test_bit_widening_is_exact_for_every_finite_code():
     assert torch.equal(got.float()[finite], codes.float()[finite])  # subnormals and +-448 too
 
 
+@pytest.mark.parametrize("path", ["native", "pytorch"])
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("out_features,in_features", [(1, 9), (33, 130), (70, 577)])
-def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_features):
+def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_features, path):
+    """Both paths of the layer: the native FP8 panels (AVX2 + FMA builds) and PyTorch's."""
+    if path == "native":
+        from switchyard_xeon.kernels import load_kernels
+
+        load_kernels()
+        kernel_paths.require("panel quant fma")
     gen = torch.Generator().manual_seed(rows * 100 + out_features + in_features)
     linear = torch.nn.Linear(in_features, out_features)
     with torch.no_grad():
@@ -117,6 +125,10 @@ def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_feature
     record = FP8.calibration.quantize(linear.weight.detach(), stats, {})
     assert record.format == FP8_E4M3_PER_TENSOR and record.activation_scale == absmax / 448
     layer = fp8_linears.Fp8Linear(record, linear.bias)
+    if path == "native":
+        assert layer.packed_weight is not None
+    else:  # the layer without the kernels: widened in PyTorch
+        layer.packed_weight = None
     want = _Fp8Reference(linear, absmax)(x.double())
     with torch.inference_mode():
         got = layer(x)

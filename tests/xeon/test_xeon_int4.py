@@ -10,6 +10,8 @@ Greedy parity of whole models is in ``test_xeon_quantized_parity.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ from switchyard_spec import (
     uint4_group_asym,
 )
 from switchyard_xeon.engine import XeonEngine
-from switchyard_xeon.kernels import KernelStatus, load_kernels
+from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.linears import PanelLinear, pack_linears
 from switchyard_xeon.quantized import pack_quantized, reference_weight, uint4_words
 
@@ -151,21 +153,21 @@ def _start(path: str, dtype: str = "auto") -> XeonEngine:
 def test_the_engine_refuses_int4_where_it_has_no_kernel(default_model_path, monkeypatch):
     """Runs everywhere: the missing kernels are simulated on machines that have them."""
     path = str(default_model_path)
-    with pytest.raises(EngineStartError, match="int4 computes bf16 matmuls over quantized "
-                                               "weights; use --dtype auto or bfloat16"):
-        _start(path, "float32")
-    with monkeypatch.context() as patch:  # a CPU without AVX512_BF16 (or linears=onednn)
+    with pytest.raises(EngineStartError, match="--dtype float16; use auto, bfloat16 or float32"):
+        _start(path, "float16")
+    real = load_kernels()
+    with monkeypatch.context() as patch:  # neither AVX512_BF16 nor AVX2 + FMA
         patch.setattr("switchyard_xeon.assembly.bf16_dot_available", lambda options: False)
-        with pytest.raises(EngineStartError, match=r"--quantize int4 runs on the AVX512_BF16 "
-                                                   r"dot-product kernels, which are not available"):
+        patch.setattr("switchyard_xeon.kernels._status",
+                      dataclasses.replace(real, bf16_dot=False, uint4_dot=False, quant_fma=False))
+        with pytest.raises(EngineStartError, match=r"--quantize int4 runs on the native quantized "
+                                                   r"panels, which cannot run it here"):
             _start(path)
-    if load_kernels().bf16_dot:  # bf16 panels but no uint4 ones (say, a failed check)
-        real = load_kernels()
+    if real.bf16_dot:  # bf16 panels but no uint4 ones (say, a failed check), bf16 asked for
         monkeypatch.setattr("switchyard_xeon.kernels._status",
-                            KernelStatus(real.fn, real.reason, real.fused, real.prefill,
-                                         bf16_dot=True, uint4_dot=False))
+                            dataclasses.replace(real, uint4_dot=False, quant_fma=False))
         with pytest.raises(EngineStartError, match="uint4 panels failed their check"):
-            _start(path)
+            _start(path, "bfloat16")
 
 
 def test_the_engine_refuses_a_method_whose_formats_it_has_no_kernel_for(default_model_path):

@@ -8,11 +8,14 @@ passes) is in ``test_xeon_quantized_parity.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from switchyard_spec import EngineConfig, EngineStartError
 from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.linears import PanelLinear, pack_linears
 
 from tests import kernel_paths
@@ -108,9 +111,15 @@ def test_the_engine_refuses_what_it_cannot_quantize(default_model_path, monkeypa
     # A name the gateway did not resolve (an EngineConfig built by hand).
     with pytest.raises(EngineStartError, match="--quantize gptq came without its method"):
         XeonEngine(EngineConfig(model_path=path, quantize="gptq", options=TEST_OPTIONS)).start()
-    with pytest.raises(EngineStartError, match="use --dtype auto or bfloat16, not float32"):
-        _start(path, "float32", "int8")
-    # A CPU without AVX512_BF16 (or linears that rule the panels out) cannot run it.
+    with pytest.raises(EngineStartError, match="--dtype float16; use auto, bfloat16 or float32"):
+        _start(path, "float16", "int8")
+    # A CPU with neither AVX512_BF16 nor AVX2 + FMA (or linears that rule the panels out).
     monkeypatch.setattr("switchyard_xeon.assembly.bf16_dot_available", lambda options: False)
-    with pytest.raises(EngineStartError, match="int8 runs on the AVX512_BF16 dot-product kernels"):
+    real = load_kernels()
+    monkeypatch.setattr("switchyard_xeon.kernels._status",
+                        dataclasses.replace(real, bf16_dot=False, quant_fma=False))
+    why = real.reason if real.fn is None else "neither AVX512_BF16 nor AVX2 + FMA"
+    with pytest.raises(EngineStartError, match="int8 runs on the native quantized panels, "
+                                               "which cannot run it here") as refused:
         _start(path, "auto", "int8")
+    assert why in str(refused.value)

@@ -370,7 +370,8 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
     kernel where the CPU has AVX2 but not AVX-512, which is where it was
     measured to win, others on oneDNN; with a ``quantization`` method
     (``--quantize``) those dot-product panels hold its int8 or uint4
-    weights, and a W8A8 method's (quantized with the calibration
+    weights (where they are missing, the AVX2 + FMA panels do, in fp32
+    math), and a W8A8 method's (quantized with the calibration
     ``statistics``) run on the W8A8 panels; ``panel``: the panel kernel for
     fp32 whatever the CPU; ``onednn``: oneDNN for fp32 and bf16 alike;
     ``stock``: fused but not packed), ``panel_storage`` (``auto``:
@@ -396,9 +397,11 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
     # has twice its width. bf16 dot products beat both where the CPU has them.
     avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
     w8a8 = quantization is not None and quantized.runs_w8a8(quantization)
+    # Weight-only quantized weights without bf16 dot products run on the AVX2 + FMA panels.
+    fma = quantization is not None and not bf16_dot and status.quant_fma
     report = pack_linears(model, pack=linears != "stock",
                           panels=status.fn is not None and (
-                              bf16_dot or w8a8 or linears == "panel"
+                              bf16_dot or w8a8 or fma or linears == "panel"
                               or (linears == "packed" and avx2_only)),
                           narrow=storage == "auto", bf16_dot=bf16_dot,
                           quantization=quantization, statistics=statistics,

@@ -21,14 +21,17 @@ moved by 12% (relative norm) against the format's float64 reference,
 against 3e-8 with fp32 sums. Why not ``torch._scaled_mm``: in torch 2.13
 it runs FP8 on the CPU (fp32 sums, per-tensor and row-wise scales) but
 measured several times slower than this (a 1536 x 576 weight, one row,
-one thread: 4.5-8.9 ms against 0.7-1.5 ms on a busy machine). The widening
-is done with bit operations (:func:`widen_e4m3`) because the
-``float8_e4m3fn`` cast measured 3.5x slower (4.9 ms against 1.4 ms for the
-same weight). Either way each call widens the whole weight, so decoding is
-far slower than bf16 or int8 on their native panels (on the 135M shape,
-batch 1: 4.2-4.8 tokens/s against bf16's 104.5): this path is for accuracy
-(what FP8 costs a model before it runs on a device with FP8 matmuls), not
-speed. See docs/quantization.md.
+one thread: 4.5-8.9 ms against 0.7-1.5 ms on a busy machine).
+
+Where the native kernels have them (any AVX2 + FMA build), the matmul runs
+on ``kernels/panel_quant_fma.cpp``'s FP8 panels: the E4M3 bytes widened to
+fp32 in registers (exactly, by bit operations that make no denormal on the
+way), the output scaled after the sums: the same math over a weight stream
+of one byte per weight. Without them each call widens the whole weight in
+PyTorch, by bit operations (:func:`widen_e4m3`; the ``float8_e4m3fn`` cast
+measured 3.5x slower, 4.9 ms against 1.4 ms for the same weight), which
+decodes far slower (on the 135M shape, batch 1, Zen 4: 4.2-4.8 tokens/s
+against bf16's 104.5). See docs/quantization.md.
 
 Sibling projections that read one input (q|k|v, gate|up) are quantized one
 by one (each its own weight scale, as INC does on Gaudi) and stacked into
@@ -53,6 +56,7 @@ from switchyard_spec import (
 
 from switchyard_xeon.linears import SIBLING_GROUPS, FusedSibling, _fused_name, _SharedMatmul
 from switchyard_xeon.plugin import WEIGHT_FORMATS
+from switchyard_xeon.quantized import pack_quantized
 
 BLOCK_WEIGHTS = 1 << 18
 """Weights widened per block of rows (~1 MiB as fp32); see :meth:`Fp8Linear.forward`."""
@@ -118,12 +122,21 @@ class Fp8Linear(torch.nn.Module):
                              persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(),
                              persistent=False)
+        from switchyard_xeon.kernels import load_kernels
+
+        # The native FP8 panels where the kernels have them: the same math, in C++.
+        self.register_buffer("packed_weight", pack_quantized(weight) if load_kernels().quant_fma
+                             else None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``dequant(xq) @ dequant(W).T + b`` for ``x`` of any leading shape, in ``x``'s dtype."""
         flat = x.reshape(-1, self.in_features)
         xq = (flat.float() / self.activation_scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
         xf = xq.to(torch.float8_e4m3fn).float()  # the E4M3 values, exactly
+        if self.packed_weight is not None:
+            y = torch.ops.switchyard_xeon.panel_linear.default(xf, self.packed_weight, self.bias,
+                                                               self.out_features)
+            return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         # A block of rows at a time: its widened copies stay in cache and in memory the
         # allocator reuses (the LM head widened whole took 10x longer per weight).
         step = self._block_rows
@@ -206,10 +219,13 @@ def pack_fp8_linears(model: torch.nn.Module, method: QuantizationMethod,
                 setattr(parent, name, Fp8Linear(quantize(dot + name, child), child.bias))
                 layers += 1
                 uncalibrated += (dot + name) not in stats
-    widen = "bit operations" if _bits_are_exact() else "a cast"
+    from switchyard_xeon.kernels import load_kernels
+
+    widen = ("the native FP8 panels (AVX2 + FMA)" if load_kernels().quant_fma else
+             "PyTorch, widened by " + ("bit operations" if _bits_are_exact() else "a cast"))
     unscaled = f", {uncalibrated} with unit input scales (not calibrated)" if uncalibrated else ""
     return (f"{layers} linears as FP8 E4M3 ({fused} fused groups{unscaled}): weights and "
-            f"inputs per-tensor scaled, widened by {widen} for fp32 matmuls")
+            f"inputs per-tensor scaled, fp32 matmuls on {widen}")
 
 
 def _with_scale(weight: QuantizedWeight, scale: float) -> QuantizedWeight:

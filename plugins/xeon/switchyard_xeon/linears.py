@@ -103,7 +103,9 @@ class PanelLinear(torch.nn.Module):
     over the integers; or, for a W8A8 method (``--quantize smoothquant``),
     int8 weights and int8 activations (``kernels/panel_w8a8.cpp``, any
     build), quantized with ``statistics`` of this layer's input and the
-    engine ``options`` when the method has a ``Calibration``. Call
+    engine ``options`` when the method has a ``Calibration``. Without
+    ``bf16_dot``, weight-only quantized weights go to the AVX2 + FMA panels
+    (``kernels/panel_quant_fma.cpp``): the same formats in fp32 math. Call
     :func:`~switchyard_xeon.kernels.load_kernels` first: the operators exist
     only once the native library is loaded.
     """
@@ -118,8 +120,8 @@ class PanelLinear(torch.nn.Module):
         from switchyard_xeon.quantized import pack_quantized, runs_w8a8
 
         w8a8 = quantization is not None and runs_w8a8(quantization)
-        if (quantization is not None or quantized is not None) and not bf16_dot and not w8a8:
-            raise ValueError("quantized panels are dot-product panels: pass bf16_dot too")
+        # Weight-only quantized weights without bf16 dot products: fp32 math on AVX2 + FMA.
+        self.fma = (quantization is not None or quantized is not None) and not bf16_dot and not w8a8
         self.bf16_dot = bf16_dot
         self.weight_format = None
         """The ``WeightFormat`` of quantized weights; None for float ones."""
@@ -127,7 +129,8 @@ class PanelLinear(torch.nn.Module):
         if quantized is not None:  # already quantized (a checkpoint's layer): pack it as it is
             self.out_features, self.in_features = quantized.out_features, quantized.in_features
             self.weight_format = quantized.format
-            self.register_buffer("packed_weight", pack_quantized(quantized), persistent=False)
+            self.register_buffer("packed_weight", pack_quantized(quantized, fma=self.fma),
+                                 persistent=False)
             self.register_buffer("bias", None if bias is None else
                                  bias.detach().float().contiguous().clone(), persistent=False)
             return
@@ -142,7 +145,7 @@ class PanelLinear(torch.nn.Module):
             else:
                 quantized = quantization.quantize(weight)
             self.weight_format = quantized.format
-            packed = pack_quantized(quantized)
+            packed = pack_quantized(quantized, fma=self.fma)
         elif bf16_dot:
             packed = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
         else:
@@ -169,7 +172,8 @@ class PanelLinear(torch.nn.Module):
             from switchyard_xeon.quantized import is_w8a8
 
             storage = f"{self.weight_format.name}, " + (
-                "int8 dot products" if is_w8a8(self.weight_format) else "bf16 dot products")
+                "int8 dot products" if is_w8a8(self.weight_format) else
+                "fp32 math" if self.fma else "bf16 dot products")
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed=panels, stored={storage}")
 
@@ -235,6 +239,8 @@ class PackReport:
     """How the quantized weights are stored, e.g. "int8 weights (per-feature scales)"."""
     w8a8: str = ""
     """W8A8 linears: the kernel paths they take (``KernelStatus.w8a8``)."""
+    fma: bool = False
+    """Quantized weights on the AVX2 + FMA panels, in fp32 math."""
 
     def describe(self) -> str:
         """A phrase such as "oneDNN-packed bfloat16 (151 linears, 60 fused groups)"."""
@@ -245,6 +251,8 @@ class PackReport:
                   if self.narrowed else "")
         if self.w8a8:
             stored = f"; {self.quantized}, int32 sums on {self.w8a8}, fp32 outputs"
+        elif self.fma and self.quantized:
+            stored = f"; {self.quantized} in fp32 math (AVX2 + FMA)"
         elif self.bf16_dot:
             weights = self.quantized or "bf16 weights"
             stored = f"; {weights} and bf16 dot products (AVX512_BF16), fp32 sums"
@@ -272,7 +280,9 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     A W8A8 ``quantization`` needs ``panels`` only (not ``bf16_dot``); each
     layer is quantized with ``statistics[name]`` (its qualified name in
     ``model``, before fusion; a fused group takes its first member's, since
-    they share an input) and ``options``.
+    they share an input) and ``options``. A weight-only one (and a
+    checkpoint's quantized layers) without ``bf16_dot`` takes the AVX2 + FMA
+    panels, where the kernels have them (``KernelStatus.quant_fma``).
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     prequantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
@@ -286,9 +296,13 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     from switchyard_xeon.quantized import runs_w8a8
 
     w8a8 = use_panels and quantization is not None and runs_w8a8(quantization)
+    from switchyard_xeon.kernels import load_kernels
+
+    fma = use_panels and not dot and not w8a8 and load_kernels().quant_fma and (
+        quantization is not None or bool(prequantized))
     # A checkpoint method's layers come quantized (QuantizedLinear); float ones stay bf16.
     checkpoint = quantization is not None and quantization.load is not None
-    method = quantization if (dot or w8a8) and not checkpoint else None
+    method = quantization if (dot or w8a8 or fma) and not checkpoint else None
     stats = statistics or {}
 
     def packer(weight: torch.Tensor | None, bias: torch.Tensor | None, name: str = "",
@@ -296,7 +310,7 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         if quantized is not None:
             from switchyard_xeon.quantized import with_input_order
 
-            return with_input_order(PanelLinear(None, bias, bf16_dot=True,  # type: ignore[arg-type]
+            return with_input_order(PanelLinear(None, bias, bf16_dot=dot,  # type: ignore[arg-type]
                                                 quantized=quantized), quantized)
         if use_panels:
             return PanelLinear(weight, bias, narrow=narrow, bf16_dot=dot, quantization=method,
@@ -307,8 +321,8 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
         reason = "linears=stock"
     elif len(dtypes) > 1 or dtype not in PACKABLE_DTYPES:
         reason = f"weights are {', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}"
-    elif prequantized and not dot:
-        reason = "a checkpoint's quantized layers need the bf16 dot-product panels"
+    elif prequantized and not (dot or fma):
+        reason = "a checkpoint's quantized layers need the native quantized panels"
     else:
         reason = _check_packing(linears[0], packer, bf16_inputs=dot and not w8a8,
                                 quantization=method) if linears else ""
@@ -365,7 +379,8 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
                       layout="panel" if use_panels else "oneDNN", narrowed=narrowed,
-                      bf16_dot=dot and pack and not paths, quantized=quantized, w8a8=paths)
+                      bf16_dot=dot and pack and not paths, quantized=quantized, w8a8=paths,
+                      fma=fma and pack)
 
 
 def _fusable_quantized(group: list[torch.nn.Module | None]) -> bool:

@@ -13,7 +13,10 @@ kernels:
   folded into a per-group correction).
 
 Both compute ``bf16(x) @ W.T`` in fp32 sums over the weight the format
-defines, and need the AVX512_BF16 build of the kernels. A record with an
+defines, and need the AVX512_BF16 build of the kernels. Where that build is
+missing (Zen 2/3, Haswell to Ice Lake), ``kernels/panel_quant_fma.cpp`` runs
+the same formats in fp32 math on AVX2 + FMA (``fma=True``: fp32 inputs, the
+integers widened to fp32 in registers), and the model runs in fp32. A record with an
 ``input_order`` (act-order GPTQ: the columns stored sorted by group) runs
 behind :class:`InputOrdered`, which gathers each input row in that order
 first.
@@ -99,43 +102,78 @@ def w8a8_dtype(config: EngineConfig, method: QuantizationMethod, dtype: torch.dt
 
 def quantized_dtype(config: EngineConfig, method: QuantizationMethod, dtype: torch.dtype,
                     bf16_dot: bool, linears: str) -> torch.dtype:
-    """The dtype ``method`` runs in (bf16), or a start-up error saying why it cannot run here.
+    """The dtype ``method`` runs in, or a start-up error saying why it cannot run here.
 
-    Its kernels are the bf16 dot-product ones over integers, so it needs what
-    bf16 needs (AVX512_BF16 and the native kernels, ``bf16_dot``; the uint4
-    panels too for uint4 formats) and a ``--dtype`` that is, or resolves to,
-    bfloat16 (``dtype``).
+    bf16 on the bf16 dot-product kernels over the integers where they are
+    (AVX512_BF16 and the native kernels, ``bf16_dot``; the uint4 panels too
+    for uint4 formats) and ``--dtype`` is, or resolves to, bfloat16
+    (``dtype``); otherwise fp32 on the AVX2 + FMA panels
+    (:func:`runs_on_fma`) for ``--dtype auto`` or ``float32``.
     """
     from switchyard_xeon.kernels import load_kernels
 
     name = method.name
-    if config.dtype not in ("auto", "bfloat16"):
-        raise EngineStartError(
-            f"xeon engine: --quantize {name} computes bf16 matmuls over quantized weights; "
-            f"use --dtype auto or bfloat16, not {config.dtype}")
     status = load_kernels()
     uint4 = any(f.packing is Packing.UINT4_K_INT32 for f in method.formats)
-    if dtype != torch.bfloat16 or not bf16_dot or (uint4 and not status.uint4_dot):
-        if status.fn is None:
-            why = status.reason
-        elif not status.bf16_dot:
-            why = "this CPU has no AVX512_BF16"
-        elif uint4 and not status.uint4_dot:
-            why = "the uint4 panels failed their check"
-        else:
-            why = f"linears={linears}"
-        raise EngineStartError(
-            f"xeon engine: --quantize {name} runs on the AVX512_BF16 dot-product kernels, "
-            f"which are not available ({why})")
-    return torch.bfloat16
+    if dtype == torch.bfloat16 and bf16_dot and (status.uint4_dot or not uint4):
+        return torch.bfloat16
+    if status.quant_fma and linears in ("packed", "panel") and config.dtype in ("auto", "float32"):
+        return torch.float32
+    if status.fn is None:
+        why = status.reason
+    elif linears not in ("packed", "panel"):
+        why = f"linears={linears}"
+    elif config.dtype not in ("auto", "bfloat16", "float32"):
+        why = f"--dtype {config.dtype}; use auto, bfloat16 or float32"
+    elif uint4 and status.bf16_dot and not status.uint4_dot:
+        why = "the uint4 panels failed their check"
+    elif not status.quant_fma and not status.bf16_dot:
+        why = "this CPU has neither AVX512_BF16 nor AVX2 + FMA"
+    elif config.dtype == "bfloat16":
+        why = ("--dtype bfloat16 needs AVX512_BF16 dot products, which this CPU or its "
+               "kernels lack; --dtype auto runs fp32 math over the quantized weights")
+    else:
+        why = "the AVX2 + FMA panels failed their check"
+    raise EngineStartError(
+        f"xeon engine: --quantize {name} runs on the native quantized panels, which cannot "
+        f"run it here ({why})")
 
 
-def pack_quantized(weight: QuantizedWeight) -> torch.Tensor:
-    """``weight`` in the panel layout of its format's kernel (needs the AVX512_BF16 kernels)."""
+def runs_on_fma(weight: QuantizedWeight) -> int:
+    """``kernels/panel_quant_fma.cpp``'s kind for ``weight``'s format (1 int8, 2 uint4, 3 FP8)."""
+    packing = weight.format.packing
+    if packing is Packing.INT8_ROWS and not is_w8a8(weight.format):
+        return 1
+    if packing is Packing.UINT4_K_INT32:
+        return 2
+    if packing is Packing.FP8_E4M3_ROWS:
+        return 3
+    raise ValueError(f"the AVX2 + FMA panels do not run {weight.format.name} weights")
+
+
+def pack_quantized(weight: QuantizedWeight, fma: bool = False) -> torch.Tensor:
+    """``weight`` in the panel layout of its format's kernel.
+
+    The bf16 dot-product layouts by default (they need the AVX512_BF16
+    kernels); with ``fma``, the AVX2 + FMA ones of ``panel_quant_fma.cpp``
+    (fp32 math). W8A8 formats have one layout either way; FP8 has only the
+    fma one, whose kernel takes inputs already divided by the activation
+    scale and rounded to E4M3, and scales each output by
+    ``activation_scale * scales[n]`` (``switchyard_xeon.fp8_linears``).
+    """
     ops = torch.ops.switchyard_xeon
     fmt = weight.format
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"the xeon kernels do not run {fmt.name} weights")
+    if fma or fmt.packing is Packing.FP8_E4M3_ROWS:
+        kind = runs_on_fma(weight)
+        scales = weight.scales.float()
+        data = weight.data
+        if kind == 3:
+            scales = scales * float(weight.activation_scale)
+            data = data.view(torch.uint8)
+        return ops.pack_panels_quant_fma(kind, data, scales, weight.zero_points,
+                                         fmt.group_size, weight.in_features)
     if is_w8a8(fmt):
         return ops.pack_panels_w8a8(weight.data, weight.scales, weight.smoothing,
                                     float(weight.activation_scale))

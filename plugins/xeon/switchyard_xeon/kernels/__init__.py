@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Nine sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Ten sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -19,6 +19,8 @@ Nine sources, one library, registered as ``switchyard_xeon::*`` torch operators:
 - ``panel_w8a8.cpp``: W8A8 linears (``--quantize smoothquant``): int8
   activations quantized per call, int32 sums on AMX, AVX512-VNNI, AVX2 or
   scalar code, whichever the build and the CPU have;
+- ``panel_quant_fma.cpp``: the same weight-only formats (int8, uint4) and
+  FP8 E4M3 in fp32 math on AVX2 + FMA, for CPUs without AVX512_BF16;
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
   same kernels chained from C++ (``ops.h`` declares them).
 - ``token_mask.cpp``: :class:`TokenMaskFn`, constrained rows' grammar
@@ -58,6 +60,7 @@ _SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "f
                                                                 "panel_dot_bf16.cpp",
                                                                 "panel_dot_uint4.cpp",
                                                                 "panel_w8a8.cpp",
+                                                                "panel_quant_fma.cpp",
                                                                 "decode_layers.cpp",
                                                                 "token_mask.cpp"))
 _HEADERS = (Path(__file__).with_name("ops.h"),)
@@ -182,6 +185,9 @@ class KernelStatus:
     AVX512_BF16) and passed their check."""
     uint4_dot: bool = False
     """The uint4 dot-product panels exist (the same build) and passed their check."""
+    quant_fma: bool = False
+    """The AVX2 + FMA panels over int8, uint4 and FP8 weights (fp32 math) exist and
+    passed their check."""
     w8a8: str = ""
     """The W8A8 int8 panels' paths in this process (e.g. "amx (tdpbusd) from 32 rows,
     avx512-vnni (vpdpbusd) below"), checked; '' when they are missing or failed."""
@@ -230,6 +236,10 @@ def _load() -> KernelStatus:
     uint4_error = checks.check_uint4_dot() if uint4_dot else ""
     if uint4_error:
         logger.warning("uint4 dot-product panels failed their check, not used: %s", uint4_error)
+    quant_fma = hasattr(ops, "pack_panels_quant_fma")
+    fma_error = checks.check_quant_fma() if quant_fma else ""
+    if fma_error:
+        logger.warning("quantized fma panels failed their check, not used: %s", fma_error)
     prefill = None
     if hasattr(ops, "paged_prefill_attention"):
         prefill = ops.paged_prefill_attention.default
@@ -252,7 +262,8 @@ def _load() -> KernelStatus:
         token_mask = None
     return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
                         bf16_dot=bf16_dot and not dot_error,
-                        uint4_dot=uint4_dot and not uint4_error, w8a8=w8a8,
+                        uint4_dot=uint4_dot and not uint4_error,
+                        quant_fma=quant_fma and not fma_error, w8a8=w8a8,
                         token_mask=token_mask)
 
 

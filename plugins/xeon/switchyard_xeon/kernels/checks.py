@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from switchyard_spec import (
+    FP8_E4M3_PER_TENSOR,
     INT8_PER_CHANNEL,
     W8A8_SMOOTHQUANT,
     W8A8_SMOOTHQUANT_STATIC,
@@ -205,9 +206,43 @@ def check_uint4_dot() -> str:
     return ""
 
 
+def check_quant_fma() -> str:
+    """Compare the AVX2 + FMA panels (int8, uint4 of each group size, FP8) with ``F.linear``
+    over the weight their format defines, in fp32; '' if equal.
+
+    Ragged: K odd and a short last group, N not a multiple of 16, 1-6 rows
+    (widened in registers) and 40 (widened once into a buffer); FP8 codes
+    over the whole finite range, subnormals included.
+    """
+    gen = torch.Generator().manual_seed(7)
+    for fmt, case in ((INT8_PER_CHANNEL, (1, 37, 75)), (INT8_PER_CHANNEL, (40, 20, 33)),
+                      (uint4_group_asym(32), (1, 37, 75)), (uint4_group_asym(64), (5, 50, 64)),
+                      (uint4_group_asym(128), (40, 20, 130)), (FP8_E4M3_PER_TENSOR, (6, 33, 47)),
+                      (FP8_E4M3_PER_TENSOR, (40, 17, 256))):
+        weight = _random_quantized(fmt, case[1], case[2], gen)
+        seen = (fp8_reference_weight if fmt == FP8_E4M3_PER_TENSOR else reference_weight)(weight)
+        error = _panel_case_error(lambda _, w=weight: pack_quantized(w, fma=True), case, gen,
+                                  bf16_inputs=False, seen=lambda _, s=seen: s)
+        if error:
+            return f"quantized fma panels ({fmt.name}): {error}"
+    return ""
+
+
+def fp8_reference_weight(weight: QuantizedWeight) -> torch.Tensor:
+    """The fp32 weight the fma panels of an FP8 record multiply inputs (already divided by
+    the activation scale and rounded to E4M3) by: ``e4m3 * scales * activation_scale``."""
+    return weight.data.float() * (weight.scales[:, None] * weight.activation_scale)
+
+
 def _random_quantized(fmt: WeightFormat, out: int, inner: int,
                       gen: torch.Generator) -> QuantizedWeight:
     """A ``QuantizedWeight`` of ``fmt`` with random integers, scales and zero points."""
+    if fmt == FP8_E4M3_PER_TENSOR:  # every finite code (0x7F and 0xFF are NaN)
+        codes = torch.randint(0, 255, (out, inner), generator=gen).to(torch.uint8)
+        codes[codes == 0x7F] = 0x7E
+        return QuantizedWeight(format=fmt, out_features=out, in_features=inner,
+                               data=codes.view(torch.float8_e4m3fn),
+                               scales=torch.rand(out, generator=gen) / 50, activation_scale=1.0)
     low, high = fmt.levels
     q = torch.randint(low, high + 1, (out, inner), generator=gen)
     if fmt == INT8_PER_CHANNEL:

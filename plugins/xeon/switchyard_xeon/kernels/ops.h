@@ -32,6 +32,13 @@ bool is_uint4_panels(const at::Tensor& packed);
 at::Tensor panel_linear_uint4_dot(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                                   int64_t n);
 
+// panel_quant_fma.cpp: whether `packed` is in its layout (int8, uint4 or fp8
+// weights for fp32 math on AVX2 + FMA), and its kernel (called by panel_linear,
+// which checks x and the bias first).
+bool is_quant_fma_panels(const at::Tensor& packed);
+at::Tensor panel_linear_quant_fma(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                                  int64_t n);
+
 // panel_w8a8.cpp: whether `packed` is in its W8A8 layout (int8 weights, int8
 // activations quantized per call), and its kernel on the path the call's rows choose.
 bool is_w8a8_panels(const at::Tensor& packed);

@@ -260,6 +260,17 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
   if (switchyard_xeon::is_w8a8_panels(packed)) {
     return switchyard_xeon::panel_linear_w8a8(x, packed, bias, N);
   }
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kFloat &&
+                    bias->is_contiguous(),
+                "panel_linear: bias must be float32 [N]");
+    bp = bias->data_ptr<float>();
+  }
+  // Weight-only quantized panels for fp32 math (panel_quant_fma.cpp) carry a header.
+  if (switchyard_xeon::is_quant_fma_panels(packed)) {
+    return switchyard_xeon::panel_linear_quant_fma(x, packed, bp, N);
+  }
   // Three kinds of layout: [panels, K, 16] fp32 or bf16 (fp32 math, here), the
   // k-pair layouts of panel_dot_bf16.cpp (bf16 or int8 weights, K/2 rounded up
   // steps), and the uint4 groups of panel_dot_uint4.cpp (which checks K itself).
@@ -274,13 +285,6 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed,
                                                  packed.scalar_type() == at::kBFloat16))) &&
                   N > (packed.size(0) - 1) * kPanel && N <= packed.size(0) * kPanel,
               "panel_linear: packed weight does not match x or N");
-  const float* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kFloat &&
-                    bias->is_contiguous(),
-                "panel_linear: bias must be float32 [N]");
-    bp = bias->data_ptr<float>();
-  }
   if (uint4) return switchyard_xeon::panel_linear_uint4_dot(x, packed, bp, N);
   if (dot) return switchyard_xeon::panel_linear_bf16_dot(x, packed, bp, N);
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);

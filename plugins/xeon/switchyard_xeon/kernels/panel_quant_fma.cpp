@@ -1,0 +1,376 @@
+// Weight-only quantized linears for CPUs without AVX512_BF16 (AVX2 + FMA:
+// Zen 2/3, Haswell to Ice Lake): y = x @ W.T (+ bias) in fp32, where W is
+// stored as int8 per output feature (`--quantize int8`), uint4 in groups
+// along K with a scale and zero point per group (`int4`, GPTQ, AWQ), or FP8
+// E4M3 with a scale per feature (`fp8`). Batch-1 decoding reads every weight
+// once per token, so a weight stream of 1 or 0.5 bytes instead of fp32's 4
+// is what makes these formats fast where the bf16 dot-product panels
+// (panel_dot_bf16.cpp, panel_dot_uint4.cpp) do not build.
+//
+// The math is fp32 over the weight the format defines, widened in registers:
+//   int8:  sum_k x_k q_k, then times s[n] (one rounding of the sum, one of the
+//          product) plus the bias;
+//   fp8:   the same with the E4M3 values (exact in fp32) and the caller's
+//          per-feature output scale (fp8_linears.py passes a * s[n] and inputs
+//          already rounded to E4M3, so every product is exact);
+//   uint4: (q - z) * s per weight (exactly the fp32 dequantized weight), summed
+//          with the inputs; no scale after the sum.
+//
+// Packing: a 1-D uint8 tensor, a 64-byte Header, then panels of 16 output
+// features, each one contiguous stream (stride a multiple of 64 bytes):
+//   int8, fp8: K steps of 16 bytes (feature f at byte f), then 16 fp32 scales;
+//   uint4:     K steps of 8 bytes (feature f in the low nibble of byte f,
+//              feature f + 8 in the high one), then per group 16 fp32 scales
+//              and 16 fp32 zero points.
+// Zero padding past N (scales 0) and past K in a short last group (never read).
+//
+// Micro-kernel: up to kRows rows of x times one panel, two 8-float
+// accumulators a row; each step widens 16 weights once and feeds one FMA per
+// row. Past kWidenRows rows a thread widens a panel once into an fp32 buffer
+// that every row tile reads. Threads split the panels.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kMagic = 0x414d4651444c5953;  // "SYLDQFMA"
+constexpr int64_t kPanel = 16;
+constexpr int64_t kHeaderBytes = 64;
+constexpr int64_t kChunk = 512;          // rows per pass over the weights
+constexpr int64_t kPrefetchBytes = 2048;
+// Above this many rows a panel is widened once into an fp32 buffer (see the header).
+constexpr int64_t kWidenRows = 16;
+
+enum Kind : int64_t { kInt8 = 1, kUint4 = 2, kFp8 = 3 };
+
+struct Header {
+  int64_t magic, kind, N, K, G, panels, stride;
+};
+
+int64_t step_bytes(int64_t kind) { return kind == kUint4 ? kPanel / 2 : kPanel; }
+
+int64_t const_bytes(int64_t kind, int64_t K, int64_t G) {
+  const int64_t groups = kind == kUint4 ? (K + G - 1) / G : 1;
+  return groups * (kind == kUint4 ? 2 : 1) * kPanel * static_cast<int64_t>(sizeof(float));
+}
+
+bool read_header(const at::Tensor& packed, Header& h) {
+  if (packed.dim() != 1 || packed.scalar_type() != at::kByte || !packed.is_contiguous() ||
+      packed.size(0) < kHeaderBytes) {
+    return false;
+  }
+  std::memcpy(&h, packed.data_ptr<uint8_t>(), sizeof(h));
+  return h.magic == kMagic && (h.kind == kInt8 || h.kind == kUint4 || h.kind == kFp8) &&
+         packed.size(0) == kHeaderBytes + h.panels * h.stride;
+}
+
+// ---- widening 8 stored weights to fp32 -------------------------------------------------
+
+inline __m256 widen_int8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// E4M3 bytes as fp32, exactly: a normal code's exponent and mantissa moved to
+// fp32's positions with the bias difference (127 - 7) added; a subnormal one
+// (exponent 0) is m * 2^-9, converted from the integer. No denormal fp32 is
+// made on the way, so flush-to-zero modes cannot change the result. The NaN
+// codes (0x7F, 0xFF) come out as +-480; the quantizers never write them.
+inline __m256 widen_fp8(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7F));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+  const __m256 normal = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
+  const __m256 is_tiny = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+  return _mm256_or_ps(_mm256_blendv_ps(normal, tiny, is_tiny), _mm256_castsi256_ps(sign));
+}
+
+// One step of a panel as two vectors of 8 fp32 weights (features 0-7, 8-15).
+struct Fp32Steps {
+  static constexpr int kRows = 6;
+  const float* w;
+  void group(int64_t) {}
+  void step(int64_t k, __m256& w0, __m256& w1) const {
+    w0 = _mm256_loadu_ps(w + k * kPanel);
+    w1 = _mm256_loadu_ps(w + k * kPanel + 8);
+  }
+  const char* at(int64_t k) const { return reinterpret_cast<const char*>(w + k * kPanel); }
+};
+
+struct Int8Steps {
+  static constexpr int kRows = 6;
+  const uint8_t* w;
+  void group(int64_t) {}
+  void step(int64_t k, __m256& w0, __m256& w1) const {
+    w0 = widen_int8(w + k * kPanel);
+    w1 = widen_int8(w + k * kPanel + 8);
+  }
+  const char* at(int64_t k) const { return reinterpret_cast<const char*>(w + k * kPanel); }
+};
+
+struct Fp8Steps {
+  static constexpr int kRows = 6;
+  const uint8_t* w;
+  void group(int64_t) {}
+  void step(int64_t k, __m256& w0, __m256& w1) const {
+    w0 = widen_fp8(w + k * kPanel);
+    w1 = widen_fp8(w + k * kPanel + 8);
+  }
+  const char* at(int64_t k) const { return reinterpret_cast<const char*>(w + k * kPanel); }
+};
+
+// (q - z) * s with the current group's s and z held in registers: four of
+// them, so four rows a tile (8 accumulators) keep everything in the 16 ymm.
+struct Uint4Steps {
+  static constexpr int kRows = 4;
+  const uint8_t* w;
+  const float* consts;  // per group: 16 scales, 16 zero points
+  __m256 s0, s1, z0, z1;
+  void group(int64_t g) {
+    const float* c = consts + g * 2 * kPanel;
+    s0 = _mm256_loadu_ps(c), s1 = _mm256_loadu_ps(c + 8);
+    z0 = _mm256_loadu_ps(c + kPanel), z1 = _mm256_loadu_ps(c + kPanel + 8);
+  }
+  void step(int64_t k, __m256& w0, __m256& w1) const {
+    const __m256i v = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k * (kPanel / 2))));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+    w0 = _mm256_mul_ps(_mm256_sub_ps(lo, z0), s0);
+    w1 = _mm256_mul_ps(_mm256_sub_ps(hi, z1), s1);
+  }
+  const char* at(int64_t k) const { return reinterpret_cast<const char*>(w + k * (kPanel / 2)); }
+};
+
+// What a call's output epilogue adds: a per-feature scale after the sums
+// (int8, fp8; null for uint4) and the bias.
+struct Epilogue {
+  const float* scale;  // this panel's 16, or null
+  const float* bias;   // the layer's, or null
+  int64_t n0, width;
+};
+
+// y[r, n0:n0+16] for R rows: sum over K of x[r, k] * w[k, 0:16], scaled, plus bias.
+// Named accumulators (not an array), as panel_gemm.cpp found GCC needs.
+template <int R, typename L>
+inline void micro(const float* x, int64_t K, int64_t G, L steps, const Epilogue& e, float* y,
+                  int64_t N) {
+  __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
+  __m256 a3 = a0, b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
+  const float* x0 = x;
+  const float* x1 = x + K;
+  const float* x2 = x + 2 * K;
+  const float* x3 = x + 3 * K;
+  const float* x4 = x + 4 * K;
+  const float* x5 = x + 5 * K;
+#define SY_ROW(i)                                   \
+  if constexpr (R > i) {                            \
+    const __m256 v = _mm256_broadcast_ss(x##i + k); \
+    a##i = _mm256_fmadd_ps(v, w0, a##i);            \
+    b##i = _mm256_fmadd_ps(v, w1, b##i);            \
+  }
+  for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += G) {
+    steps.group(g);
+    const int64_t end = std::min(K, k0 + G);
+    for (int64_t k = k0; k < end; ++k) {
+      __m256 w0, w1;
+      _mm_prefetch(steps.at(k) + kPrefetchBytes, _MM_HINT_T0);
+      steps.step(k, w0, w1);
+      SY_ROW(0) SY_ROW(1) SY_ROW(2) SY_ROW(3) SY_ROW(4) SY_ROW(5)
+    }
+  }
+#undef SY_ROW
+  float buf[6 * kPanel];
+#define SY_SPILL(i)                                   \
+  if constexpr (R > i) {                              \
+    _mm256_storeu_ps(buf + i * kPanel, a##i);         \
+    _mm256_storeu_ps(buf + i * kPanel + 8, b##i);     \
+  }
+  SY_SPILL(0) SY_SPILL(1) SY_SPILL(2) SY_SPILL(3) SY_SPILL(4) SY_SPILL(5)
+#undef SY_SPILL
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < e.width; ++j) {
+      float v = buf[r * kPanel + j];
+      if (e.scale) v *= e.scale[j];
+      y[r * N + e.n0 + j] = e.bias ? v + e.bias[e.n0 + j] : v;
+    }
+  }
+}
+
+template <typename L>
+void tiles(const float* x, int64_t rows, int64_t K, int64_t G, const L& steps, const Epilogue& e,
+           float* y, int64_t N) {
+  constexpr int64_t R = L::kRows;
+  for (int64_t r = 0; r < rows; r += R) {
+    const float* xr = x + r * K;
+    float* yr = y + r * N;
+    switch (std::min(R, rows - r)) {
+      case 1: micro<1>(xr, K, G, steps, e, yr, N); break;
+      case 2: micro<2>(xr, K, G, steps, e, yr, N); break;
+      case 3: micro<3>(xr, K, G, steps, e, yr, N); break;
+      case 4: micro<4>(xr, K, G, steps, e, yr, N); break;
+      case 5: if constexpr (R > 4) { micro<5>(xr, K, G, steps, e, yr, N); } break;
+      default: if constexpr (R > 5) { micro<6>(xr, K, G, steps, e, yr, N); }
+    }
+  }
+}
+
+// One panel over `rows` rows: in registers, or widened once (uint4 groups and
+// all) into `wide` when the rows are many.
+template <typename L>
+void panel_rows(const float* x, int64_t rows, int64_t K, int64_t G, L steps, const Epilogue& e,
+                float* y, int64_t N, std::vector<float>& wide) {
+  if (rows <= kWidenRows) {
+    tiles(x, rows, K, G, steps, e, y, N);
+    return;
+  }
+  wide.resize(K * kPanel);
+  for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += G) {
+    steps.group(g);
+    for (int64_t k = k0; k < std::min(K, k0 + G); ++k) {
+      __m256 w0, w1;
+      steps.step(k, w0, w1);
+      _mm256_storeu_ps(wide.data() + k * kPanel, w0);
+      _mm256_storeu_ps(wide.data() + k * kPanel + 8, w1);
+    }
+  }
+  tiles(x, rows, K, K, Fp32Steps{wide.data()}, e, y, N);
+}
+
+// data: int8 [N, K] (int8), uint8 E4M3 bytes [N, K] (fp8) or int32 [N, ceil(K/8)]
+// words of nibbles (uint4); scales fp32 [N] or [N, groups]; zeros uint8 [N, groups]
+// (uint4 only). Returns the packed layout of the header.
+at::Tensor pack_panels_quant_fma(int64_t kind, const at::Tensor& data, const at::Tensor& scales,
+                                 const c10::optional<at::Tensor>& zeros, int64_t G, int64_t K) {
+  TORCH_CHECK(kind == kInt8 || kind == kUint4 || kind == kFp8,
+              "pack_panels_quant_fma: kind must be 1 (int8), 2 (uint4) or 3 (fp8)");
+  TORCH_CHECK(data.dim() == 2 && K > 0, "pack_panels_quant_fma: data must be 2-D and K > 0");
+  const int64_t N = data.size(0);
+  const int64_t groups = kind == kUint4 ? (K + G - 1) / G : 1;
+  if (kind == kUint4) {
+    TORCH_CHECK(G > 0 && data.scalar_type() == at::kInt && data.size(1) == (K + 7) / 8,
+                "pack_panels_quant_fma: uint4 data must be int32 [N, ceil(K / 8)]");
+    TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == groups &&
+                    scales.scalar_type() == at::kFloat,
+                "pack_panels_quant_fma: uint4 scales must be float32 [N, ceil(K / G)]");
+    TORCH_CHECK(zeros.has_value() && zeros->sizes() == scales.sizes() &&
+                    zeros->scalar_type() == at::kByte && zeros->max().item<int>() <= 15,
+                "pack_panels_quant_fma: uint4 zero points must be uint8 0..15 [N, ceil(K / G)]");
+  } else {
+    TORCH_CHECK(data.size(1) == K && (kind == kInt8 ? data.scalar_type() == at::kChar
+                                                    : data.scalar_type() == at::kByte),
+                "pack_panels_quant_fma: int8 data must be int8 [N, K], fp8 data uint8 [N, K]");
+    TORCH_CHECK(scales.dim() == 1 && scales.size(0) == N && scales.scalar_type() == at::kFloat,
+                "pack_panels_quant_fma: scales must be float32 [N]");
+  }
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t body = K * step_bytes(kind) + const_bytes(kind, K, G);
+  const int64_t stride = (body + 63) / 64 * 64;
+  at::Tensor packed = at::zeros({kHeaderBytes + panels * stride}, data.options().dtype(at::kByte));
+  uint8_t* base = packed.data_ptr<uint8_t>();
+  const Header h{kMagic, kind, N, K, kind == kUint4 ? G : K, panels, stride};
+  std::memcpy(base, &h, sizeof(h));
+  const at::Tensor d = data.contiguous(), s = scales.contiguous();
+  const at::Tensor z = kind == kUint4 ? zeros->contiguous() : at::Tensor();
+  const float* sp = s.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      uint8_t* panel = base + kHeaderBytes + p * stride;
+      float* consts = reinterpret_cast<float*>(panel + K * step_bytes(kind));
+      for (int64_t f = 0; f < kPanel && p * kPanel + f < N; ++f) {
+        const int64_t n = p * kPanel + f;
+        if (kind != kUint4) {
+          const uint8_t* row = reinterpret_cast<const uint8_t*>(d.data_ptr()) + n * K;
+          for (int64_t k = 0; k < K; ++k) panel[k * kPanel + f] = row[k];
+          consts[f] = sp[n];
+          continue;
+        }
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(d.data_ptr<int32_t>()) +
+                                n * d.size(1);
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t q = (words[k / 8] >> (4 * (k % 8))) & 15u;
+          uint8_t& byte = panel[k * (kPanel / 2) + f % 8];
+          byte = static_cast<uint8_t>(byte | (f < 8 ? q : q << 4));
+        }
+        const uint8_t* zp = z.data_ptr<uint8_t>() + n * groups;
+        for (int64_t g = 0; g < groups; ++g) {
+          consts[g * 2 * kPanel + f] = sp[n * groups + g];
+          consts[g * 2 * kPanel + kPanel + f] = static_cast<float>(zp[g]);
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+}  // namespace
+
+bool switchyard_xeon::is_quant_fma_panels(const at::Tensor& packed) {
+  Header h;
+  return read_header(packed, h);
+}
+
+at::Tensor switchyard_xeon::panel_linear_quant_fma(const at::Tensor& x, const at::Tensor& packed,
+                                                   const float* bias, int64_t N) {
+  Header h;
+  TORCH_CHECK(read_header(packed, h) && h.N == N && h.K == x.size(1),
+              "panel_linear: quantized fma panels do not match x or N");
+  const int64_t M = x.size(0), K = h.K, G = h.G;
+  const uint8_t* base = packed.data_ptr<uint8_t>() + kHeaderBytes;
+  const float* xp = x.data_ptr<float>();
+  at::Tensor y = at::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
+    const int64_t rows = std::min(kChunk, M - m0);
+    at::parallel_for(0, h.panels, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> wide;
+      for (int64_t p = begin; p < end; ++p) {
+        const uint8_t* panel = base + p * h.stride;
+        const float* consts = reinterpret_cast<const float*>(panel + K * step_bytes(h.kind));
+        const Epilogue e{h.kind == kUint4 ? nullptr : consts, bias, p * kPanel,
+                         std::min(kPanel, N - p * kPanel)};
+        const float* xr = xp + m0 * K;
+        float* yr = yp + m0 * N;
+        switch (h.kind) {
+          case kInt8: panel_rows(xr, rows, K, K, Int8Steps{panel}, e, yr, N, wide); break;
+          case kFp8: panel_rows(xr, rows, K, K, Fp8Steps{panel}, e, yr, N, wide); break;
+          default: panel_rows(xr, rows, K, G, Uint4Steps{panel, consts, {}, {}, {}, {}}, e, yr,
+                              N, wide);
+        }
+      }
+    });
+  }
+  return y;
+}
+
+TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
+  m.def("pack_panels_quant_fma(int kind, Tensor data, Tensor scales, Tensor? zeros, "
+        "int group_size, int in_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {
+  m.impl("pack_panels_quant_fma", &pack_panels_quant_fma);
+}
+
+#else  // no AVX2 + FMA: the packer is not registered, so these layouts never reach here.
+
+bool switchyard_xeon::is_quant_fma_panels(const at::Tensor&) { return false; }
+
+at::Tensor switchyard_xeon::panel_linear_quant_fma(const at::Tensor&, const at::Tensor&,
+                                                   const float*, int64_t) {
+  TORCH_CHECK(false, "panel_linear: quantized fma panels need AVX2 and FMA");
+}
+
+#endif
