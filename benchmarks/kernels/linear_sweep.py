@@ -16,7 +16,10 @@ weights stored as bf16 (fp32 math), ``panel:dot`` the AVX512_BF16 kernel
 ``panel:int8`` that kernel over int8 weights with per-feature scales (the
 engine's ``--quantize int8``), ``panel:int4`` (``panel:int4:G``) the uint4
 kernel (``kernels/panel_dot_uint4.cpp``: a scale and zero point per group
-of 128 (G) weights along K; ``--quantize int4``). ``int8`` is PyTorch's weight-only int8 with
+of 128 (G) weights along K; ``--quantize int4``). ``panel:fma:int8``,
+``panel:fma:int4[:G]`` and ``panel:fma:fp8`` are the same formats (FP8 E4M3
+too) on the AVX2 + FMA kernel (``kernels/panel_quant_fma.cpp``, fp32 math),
+which the engine takes where AVX512_BF16 is missing. ``int8`` is PyTorch's weight-only int8 with
 per-row scales (``torch._weight_int8pack_mm``),
 and ``gemv`` a plain AVX2/FMA fp32 kernel over row-major weights, four rows of
 W per pass (built with ``torch.utils.cpp_extension``, fp32 only): the two
@@ -102,16 +105,22 @@ def step_shapes(cfg: dict = SMALL) -> list[tuple[int, int]]:
 def quantized_panels(name: str, weight: torch.Tensor) -> torch.Tensor:
     """``weight`` quantized by the quant plugin's method and packed as the engine packs it.
 
-    ``panel:int8``; ``panel:int4`` (groups of 128) or ``panel:int4:G`` (G = 32, 64, 128).
+    ``panel:int8``; ``panel:int4`` (groups of 128) or ``panel:int4:G`` (G = 32, 64, 128);
+    ``panel:fma:`` before any of them (or ``fp8``) for the AVX2 + FMA kernel's layouts.
     """
+    from switchyard_quant.fp8_method import quantize_fp8
     from switchyard_quant.int4 import quantize_uint4
     from switchyard_quant.int8 import quantize_int8
     from switchyard_xeon.quantized import pack_quantized
 
-    if name == "panel:int8":
-        return pack_quantized(quantize_int8(weight))
-    group = int(name.split(":")[2]) if name.count(":") == 2 else 128
-    return pack_quantized(quantize_uint4(weight, group))
+    fma = name.startswith("panel:fma:")
+    parts = name.removeprefix("panel:fma:").removeprefix("panel:").split(":")
+    if parts[0] == "int8":
+        return pack_quantized(quantize_int8(weight), fma=fma)
+    if parts[0] == "fp8":
+        return pack_quantized(quantize_fp8(weight), fma=True)
+    group = int(parts[1]) if len(parts) == 2 else 128
+    return pack_quantized(quantize_uint4(weight, group), fma=fma)
 
 
 def variant(name: str, weight: torch.Tensor) -> Matmul:
@@ -126,8 +135,8 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
     if name == "gemv":
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
-    if name in ("panel", "panel:bf16", "panel:dot") or name.startswith(("panel:int8",
-                                                                          "panel:int4")):
+    quantized = name.startswith(("panel:int8", "panel:int4", "panel:fma:"))
+    if name in ("panel", "panel:bf16", "panel:dot") or quantized:
         from switchyard_xeon.kernels import load_kernels
 
         assert load_kernels().fn is not None, load_kernels().reason
@@ -135,7 +144,7 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
         stored = weight.to(torch.bfloat16) if name == "panel:bf16" else weight
         if name == "panel:dot":
             panels = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
-        elif name.startswith(("panel:int8", "panel:int4")):
+        elif quantized:
             panels = quantized_panels(name, weight)
         else:
             panels = torch.ops.switchyard_xeon.pack_panels(stored)
