@@ -126,11 +126,14 @@ def test_smoothquant_server_serves_the_w8a8_reference_to_both_clients(model_cach
         pytest.skip(f"no native W8A8 kernels here ({load_kernels().reason})")
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, {}), 0.5, False)
     live = start_server(model_cache, tmp_path, "--quantize", "smoothquant", "--engine-option",
                         f"calibration_cache={tmp_path / 'calibration'}",
                         env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
     try:
+        # The KV cache is bf16 where the engine says so (AVX512_BF16), fp32 elsewhere.
+        bf16_cache = "a bf16 KV cache and fp32 activations" in live.log()
+        reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, {}), 0.5,
+                                      False, bf16_cache)
         response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
         tokens = [t.id for t in response.details.tokens]
         ids = tokenizer(PROMPT).input_ids

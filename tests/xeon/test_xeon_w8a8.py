@@ -173,8 +173,10 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def _smoothquant_twin(model: torch.nn.Module, prompts: list[list[int]], alpha: float,
-                      static: bool) -> torch.nn.Module:
-    """``model`` with every linear W8A8 (q|k|v and gate|up share their factors, as fused)."""
+                      static: bool, bf16_cache: bool = True) -> torch.nn.Module:
+    """``model`` with every linear W8A8 (q|k|v and gate|up share their factors, as fused), and
+    attention over keys and values rounded to bf16 where the engine's cache is bf16
+    (``--dtype auto`` on a CPU with AVX512_BF16; fp32 elsewhere)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -194,7 +196,8 @@ def _smoothquant_twin(model: torch.nn.Module, prompts: list[list[int]], alpha: f
             m = torch.where((absmax > 0) & (wmax > 0), m, torch.ones_like(m)).clamp(1e-5, 1e5)
             for n in group:
                 setattr(parent, n, _W8A8Matmul(children[n], m.float(), static, absmax.float()))
-    twin.set_attn_implementation("bf16_kv_sdpa")
+    if bf16_cache:
+        twin.set_attn_implementation("bf16_kv_sdpa")
     return twin
 
 
@@ -228,8 +231,6 @@ def test_engine_greedy_tokens_match_a_w8a8_reference(default_model_path, tmp_pat
     model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
     alpha = float(options.get("smoothquant_alpha", 0.5))
     static = options.get("smoothquant_activations") == "static"
-    reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, options),
-                                  alpha, static)
     prompts = [[(t * 37 + 11) % 2000 + 3 for t in range(n)] for n in (21, 6, 40)]
     with caplog.at_level(logging.INFO, logger="switchyard.xeon"):
         engine = _engine(default_model_path, tmp_path, forward=forward, **options)
@@ -237,8 +238,11 @@ def test_engine_greedy_tokens_match_a_w8a8_reference(default_model_path, tmp_pat
         assert "W8A8 int8 weights and activations" in caplog.text
         assert ("static scale" if static else "per token") in caplog.text
         got = _engine_tokens(engine, prompts, 8)
+        bf16_cache = engine.info.dtype == "bfloat16"  # the cache's dtype, as /info reports
     finally:
         engine.shutdown()
+    reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, options),
+                                  alpha, static, bf16_cache)
     _assert_greedy_near(reference, prompts, got, 8)
     # The reference is W8A8, not bf16: its logits differ from the float model's.
     with torch.inference_mode():
