@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+
+from switchyard.engine.fp8_records import check_fp8_weight
 from switchyard_spec import (
     FP8_E4M3_PER_TENSOR,
     ActivationStatistics,
@@ -62,16 +64,9 @@ class Fp8Linear(torch.nn.Module):
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None,
                  device: Device) -> None:
         super().__init__()
-        if weight.format != FP8_E4M3_PER_TENSOR:
-            raise ValueError(f"Fp8Linear runs {FP8_E4M3_PER_TENSOR.name} weights, not "
-                             f"{weight.format.name}")
+        check_fp8_weight(weight)
         n, k = weight.out_features, weight.in_features
-        if tuple(weight.data.shape) != (n, k) or weight.data.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"fp8 weight data must be float8_e4m3fn[{n}, {k}], not "
-                             f"{weight.data.dtype}{list(weight.data.shape)}")
         scales = weight.scales.float()
-        if tuple(scales.shape) != (n,) or not weight.activation_scale > 0:
-            raise ValueError("fp8 weight needs scales[N] and a positive activation_scale")
         if n and not bool((scales == scales[0]).all()):
             raise ValueError("the gaudi engine runs one weight scale per tensor; these rows "
                              "hold different scales")

@@ -46,6 +46,8 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+
+from switchyard.engine.fp8_records import check_fp8_weight
 from switchyard_spec import (
     FP8_E4M3_MAX,
     FP8_E4M3_PER_TENSOR,
@@ -103,15 +105,8 @@ class Fp8Linear(torch.nn.Module):
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        if weight.format != FP8_E4M3_PER_TENSOR:
-            raise ValueError(f"Fp8Linear runs {FP8_E4M3_PER_TENSOR.name} weights, not "
-                             f"{weight.format.name}")
+        check_fp8_weight(weight)
         n, k = weight.out_features, weight.in_features
-        if tuple(weight.data.shape) != (n, k) or weight.data.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"fp8 weight data must be float8_e4m3fn[{n}, {k}], not "
-                             f"{weight.data.dtype}{list(weight.data.shape)}")
-        if tuple(weight.scales.shape) != (n,) or not weight.activation_scale > 0:
-            raise ValueError("fp8 weight needs scales[N] and a positive activation_scale")
         self.out_features, self.in_features = n, k
         self.weight_format = weight.format
         self.activation_scale = float(weight.activation_scale)
