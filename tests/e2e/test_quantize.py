@@ -163,23 +163,26 @@ def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
     from tests.xeon.test_xeon_checkpoints import _reference
     from tests.xeon.test_xeon_decoder import _assert_greedy_near
 
-    if not _bf16_dot("int4"):  # its reference is the bf16 one; the fp32 path has its own test
-        pytest.skip("no uint4 dot-product panels here; tests/xeon/test_xeon_quant_fma.py serves "
-                    "a GPTQ folder on the AVX2 + FMA panels")
+    from tests.xeon.test_xeon_quant_fma import gptq_fp32_reference
+
+    _needs_kernels("int4")
     folder = tmp_path / "gptq"
     done = subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize",
                            str(default_model_path), str(folder), "--method", "int4-g64"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "28 linears as GPTQ 4-bit, group 64, checkpoint_format gptq (RTN)" in done.stdout
-    reference = _reference(folder, load_file(str(folder / "model.safetensors")))
+    bf16 = _bf16_dot("int4")  # bf16 dot products (the reference's near-tie tolerance), else fp32
+    reference = (_reference(folder, load_file(str(folder / "model.safetensors"))) if bf16
+                 else gptq_fp32_reference(folder))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     live = start_server(model_cache, tmp_path, "--model-id", str(folder),
                         env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
     try:
         response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
         tokens = [t.id for t in response.details.tokens]
-        _assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS)
+        _assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS,
+                            **({} if bf16 else {"tol": 1e-4}))
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
         completion = client.completions.create(model=str(folder), prompt=PROMPT,
                                                max_tokens=NEW_TOKENS, temperature=0)

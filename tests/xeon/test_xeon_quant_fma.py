@@ -213,29 +213,37 @@ def test_bfloat16_without_bf16_dot_products_is_refused_clearly(default_model_pat
         engine.start()
 
 
-def test_a_gptq_folder_serves_in_fp32_the_greedy_tokens_of_its_weights(
-        fma_panels, default_model_path, tmp_path, caplog):
-    """A checkpoint's uint4 layers on the fma panels: transformers over its dequantized weights."""
+def gptq_fp32_reference(folder) -> torch.nn.Module:
+    """transformers in fp32 with every quantized linear over the GPTQ folder's dequantized
+    weight (group 64, as ``write_gptq(..., 64)`` writes): what the fma panels compute."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from switchyard_quant.checkpoints.writer import write_gptq
-    from tests.xeon.test_xeon_checkpoints import NEW, PROMPTS, _gptq_weight
+    from tests.xeon.test_xeon_checkpoints import _gptq_weight
 
-    folder = tmp_path / "gptq"
-    write_gptq(default_model_path, folder, 64)
     tensors = load_file(str(folder / "model.safetensors"))
     config = AutoConfig.from_pretrained(folder)
     del config.quantization_config
     reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     floats = {k: v.float() for k, v in tensors.items()
               if not k.endswith((".qweight", ".qzeros", ".scales"))}
-    layers = {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}
-    for prefix in layers:
+    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
         floats[f"{prefix}.weight"] = _gptq_weight(tensors, prefix, 64)
     missing, _ = reference.load_state_dict(floats, strict=False)
-    assert set(missing) <= {"lm_head.weight"}
+    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
     reference.tie_weights()
+    return reference
+
+
+def test_a_gptq_folder_serves_in_fp32_the_greedy_tokens_of_its_weights(
+        fma_panels, default_model_path, tmp_path, caplog):
+    """A checkpoint's uint4 layers on the fma panels: transformers over its dequantized weights."""
+    from switchyard_quant.checkpoints.writer import write_gptq
+    from tests.xeon.test_xeon_checkpoints import NEW, PROMPTS
+
+    folder = tmp_path / "gptq"
+    write_gptq(default_model_path, folder, 64)
+    reference = gptq_fp32_reference(folder)
     caplog.set_level("INFO")
     engine = XeonEngine(EngineConfig(model_path=str(folder), dtype="float32", quantize="gptq",
                                      quantization=method("gptq"), options=dict(TEST_OPTIONS)))
@@ -245,6 +253,6 @@ def test_a_gptq_folder_serves_in_fp32_the_greedy_tokens_of_its_weights(
     finally:
         engine.shutdown()
     _assert_greedy_near(reference, PROMPTS, got, NEW, tol=1e-4)
-    assert (f"uint4 weights (groups of 64, scales and zero points) from the checkpoint "
-            f"({len(layers)} linears)") in caplog.text
+    assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
+            "(28 linears)") in caplog.text
     assert "in fp32 math (AVX2 + FMA)" in caplog.text
