@@ -191,14 +191,31 @@ class XeonEngine(Engine):
             raise EngineStartError(f"xeon warmup failed: {error}")
         seconds = time.perf_counter() - begin
         logger.info("warmup done in %.2fs", seconds)
-        # The tokenizer's wrap for constrained decoding, in the grammar worker meanwhile:
-        # a model's first constrained requests would otherwise wait ~0.3 s for it.
-        if self._runner is not None:
-            self._runner.prepare_grammar(self.info.vocab_size)
+        self._wrap_tokenizer()
         blocks = self._scheduler.blocks
         return WarmupReport(seconds=seconds,
                             max_batch_total_tokens=blocks.num_blocks * blocks.block_size,
                             max_batch_size=self._scheduler.limits.max_batch_size)
+
+    def _wrap_tokenizer(self) -> None:
+        """Wrap the tokenizer for constrained decoding before the engine reports warm.
+
+        Otherwise a model's first constrained request waits for the wrap, and
+        done in the background after warmup it takes CPU from the first
+        requests served. A failure is logged here and reported by the first
+        constrained request, not fatal: unconstrained requests need no wrap.
+        """
+        wrap = self._runner.prepare_grammar(self.info.vocab_size) if self._runner else None
+        if wrap is None:
+            return
+        begin = time.perf_counter()
+        try:
+            wrap.result(timeout=300)
+        except Exception as exc:  # noqa: BLE001 - reported again by the first constrained request
+            logger.warning("constrained decoding: the tokenizer's wrap failed (%s)", exc)
+            return
+        logger.info("constrained decoding: tokenizer wrapped in %.2fs",
+                    time.perf_counter() - begin)
 
     def shutdown(self) -> None:
         """Stop the loop; sequences still live end with ``ABORTED``."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -241,14 +242,14 @@ class ModelRunner:
             return
         seq.sampler.grammar = grammar.start(seq.request)
 
-    def prepare_grammar(self, vocab_size: int) -> None:
-        """Build the grammar support and wrap the tokenizer in its worker, in the background,
-        so the first constrained request pays only its own compile. ``vocab_size`` is the
-        logits' width. Call it before requests arrive (at warmup): it is not thread-safe
-        against :meth:`start_grammar`."""
+    def prepare_grammar(self, vocab_size: int) -> Future[Any] | None:
+        """Build the grammar support and start wrapping the tokenizer in its worker, so the
+        first constrained request pays only its own compile; the wrap's future, or None
+        where the model's folder is unknown. ``vocab_size`` is the logits' width. Call it
+        before requests arrive (at warmup): it is not thread-safe against
+        :meth:`start_grammar`."""
         grammar = self._grammar_support(vocab_size)
-        if grammar is not None:
-            grammar.prepare()
+        return grammar.prepare() if grammar is not None else None
 
     def _grammar_support(self, vocab_size: int) -> GrammarSupport | None:
         """The model's grammar support, built on first use; None when its folder is unknown."""
