@@ -64,11 +64,11 @@ def _seen(weight) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 17, 70, 515])
-@pytest.mark.parametrize("shape", [(37, 75), (16, 64), (50, 130), (33, 257)])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 16, 17, 70, 515])
+@pytest.mark.parametrize("shape", [(1, 1), (17, 2), (37, 75), (16, 64), (50, 130), (33, 257)])
 def test_fma_panels_are_f_linear_over_the_format_weight(fma_panels, name, rows, shape):
-    """Ragged N and K (short last groups), rows in registers and through the widened buffer,
-    and past one 512-row chunk; with and without a bias."""
+    """Ragged N and K (short last groups, K below one step pair), no rows, rows in registers
+    and through the widened buffer, and past one 512-row chunk; with and without a bias."""
     from switchyard_xeon.quantized import pack_quantized
 
     out, inner = shape
