@@ -34,11 +34,29 @@ NEW = 10
 
 @pytest.fixture(scope="module")
 def gptq_folder(tmp_path_factory, default_model_path) -> Path:
-    if not load_kernels().uint4_dot:
-        pytest.skip(f"no uint4 dot-product panels here ({load_kernels().reason})")
+    _needs_uint4_panels()
     out = tmp_path_factory.mktemp("gptq") / "model"
     write_gptq(default_model_path, out, 64)
     return out
+
+
+def _needs_uint4_panels() -> None:
+    """Skip where neither the uint4 dot-product panels nor the AVX2 + FMA ones are built."""
+    status = load_kernels()
+    if not (status.uint4_dot or status.quant_fma):
+        pytest.skip(f"no native uint4 panels here ({status.reason})")
+
+
+def _engine_reference(folder: Path, tensors: dict[str, torch.Tensor]
+                      ) -> tuple[torch.nn.Module, dict[str, float], str]:
+    """What the engine on ``folder`` computes here, the tolerance of its greedy check, and
+    what its log calls the unquantized layers: bf16 matmuls on the uint4 dot panels
+    (AVX512_BF16), else fp32 math on the AVX2 + FMA panels."""
+    if load_kernels().uint4_dot:
+        return _reference(folder, tensors), {}, "bf16 weights for the rest"
+    from tests.xeon.test_xeon_quant_fma import gptq_fp32_reference
+
+    return gptq_fp32_reference(folder), {"tol": 1e-4}, "fp32 math for the rest"
 
 
 def _unpack(words: torch.Tensor) -> torch.Tensor:
@@ -90,7 +108,7 @@ def test_the_written_folder_is_gptq_of_the_int4_rtn(gptq_folder, default_model_p
 def test_a_gptq_folder_serves_the_greedy_tokens_of_its_weights(gptq_folder, caplog):
     """Round trip: write, load, and the engine's tokens are those of the checkpoint's weights."""
     tensors = load_file(str(gptq_folder / "model.safetensors"))
-    reference = _reference(gptq_folder, tensors)
+    reference, tol, rest = _engine_reference(gptq_folder, tensors)
     caplog.set_level("INFO")
     engine = _started(gptq_folder)
     try:
@@ -100,10 +118,10 @@ def test_a_gptq_folder_serves_the_greedy_tokens_of_its_weights(gptq_folder, capl
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW)
+    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
     assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
     assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
-            "(28 linears), bf16 weights for the rest") in caplog.text
+            f"(28 linears), {rest}") in caplog.text
 
 
 def _reference(folder: Path, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -231,7 +249,7 @@ def test_an_act_order_folder_serves_the_greedy_tokens_of_its_weights(
     tensors = load_file(str(folder / "model.safetensors"))
     assert not torch.equal(tensors["model.layers.0.mlp.down_proj.g_idx"].long(),
                            torch.arange(352) // 64)
-    reference = _reference(folder, tensors)
+    reference, tol, rest = _engine_reference(folder, tensors)
     caplog.set_level("INFO")
     engine = _started(folder)
     try:
@@ -241,18 +259,17 @@ def test_an_act_order_folder_serves_the_greedy_tokens_of_its_weights(
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW)
+    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
     assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
     # On the uint4 panels (not the stock fallback, which would dequantize and be right anyway).
     assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
-            "(28 linears), bf16 weights for the rest") in caplog.text
+            f"(28 linears), {rest}") in caplog.text
 
 
 
 def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_path, tmp_path):
     """Tied models (SmolLM2, Qwen2.5-0.5B) save no lm_head.weight: the head is the embedding."""
-    if not load_kernels().uint4_dot:
-        pytest.skip(f"no uint4 dot-product panels here ({load_kernels().reason})")
+    _needs_uint4_panels()
     tied = tmp_path / "tied"
     shutil.copytree(default_model_path, tied)
     config = json.loads((tied / "config.json").read_text())
@@ -264,7 +281,7 @@ def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_p
     write_gptq(tied, folder, 64)
     tensors = load_file(str(folder / "model.safetensors"))
     assert "lm_head.weight" not in tensors
-    reference = _reference(folder, tensors)  # ties the head to the embedding itself
+    reference, tol, _ = _engine_reference(folder, tensors)  # ties the head to the embedding
     engine = _started(folder)
     try:
         sink = Collector()
@@ -273,4 +290,4 @@ def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_p
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW)
+    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)

@@ -370,7 +370,8 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
 
         kinds = " and ".join(sorted(describe(f) for f in formats if f is not None))
         quantized = (f"{kinds} from the checkpoint ({len(prequantized)} linears)"
-                     + (", bf16 weights for the rest" if None in formats else ""))
+                     + ((", bf16 weights for the rest" if dot else ", fp32 math for the rest")
+                        if None in formats else ""))
     paths = ""
     if w8a8 and pack and quantized:
         from switchyard_xeon.kernels import load_kernels
