@@ -271,7 +271,7 @@ def test_the_folder_is_detected_and_served_with_the_tokens_of_its_weights(gptq_f
 
 def served_with_the_tokens_of_its_weights(gptq_folder: Path) -> None:
     """Assert that ``gptq_folder`` is detected as GPTQ and the xeon engine's greedy tokens are
-    transformers' over its weights, unpacked here (skipped without the uint4 panels)."""
+    transformers' over its weights, unpacked here (skipped without native uint4 panels)."""
     from switchyard.plugins import PluginHost
     from switchyard_spec import EngineConfig
     from switchyard_xeon.engine import XeonEngine
@@ -284,14 +284,19 @@ def served_with_the_tokens_of_its_weights(gptq_folder: Path) -> None:
 
     name = PluginHost.from_entry_points().detect_quantization(None, gptq_folder)
     assert name == "gptq"
-    if not load_kernels().uint4_dot:
-        pytest.skip(f"no uint4 dot-product panels here ({load_kernels().reason})")
+    status = load_kernels()
+    if not (status.uint4_dot or status.quant_fma):
+        pytest.skip(f"no native uint4 panels here ({status.reason})")
     weights, quantized = _folder_weights(gptq_folder)
     assert len(quantized) == 28
-    twin = _with_bf16_matmuls(_model_over(gptq_folder, weights))
-    for prefix in quantized:
-        parent, _, child = prefix.rpartition(".")
-        setattr(twin.get_submodule(parent), child, _ExactMatmul(weights[f"{prefix}.weight"]))
+    tol = {}
+    if status.uint4_dot:  # bf16 matmuls on the dot-product panels
+        twin = _with_bf16_matmuls(_model_over(gptq_folder, weights))
+        for prefix in quantized:
+            parent, _, child = prefix.rpartition(".")
+            setattr(twin.get_submodule(parent), child, _ExactMatmul(weights[f"{prefix}.weight"]))
+    else:  # fp32 math on the AVX2 + FMA panels
+        twin, tol = _model_over(gptq_folder, weights), {"tol": 1e-4}
     engine = XeonEngine(EngineConfig(model_path=str(gptq_folder), dtype="auto", quantize=name,
                                      quantization=method(name), options=dict(TEST_OPTIONS)))
     engine.start()
@@ -302,7 +307,7 @@ def served_with_the_tokens_of_its_weights(gptq_folder: Path) -> None:
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(twin, PROMPTS, got, NEW)
+    _assert_greedy_near(twin, PROMPTS, got, NEW, **tol)
 
 
 def test_gptq_without_calibration_is_an_error(default_model_path, tmp_path, capsys):
