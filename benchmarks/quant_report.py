@@ -104,9 +104,10 @@ def linear_bytes() -> int:
         objects = gc.get_objects()
         packed = sum(o.packed_weight.nbytes for o in objects
                      if isinstance(o, (PanelLinear, PackedLinear)))
-        # FP8's linears keep their E4M3 weights and per-row output scales as buffers.
-        fp8 = sum(o.fp8_weight.nbytes + o.out_scale.nbytes for o in objects
-                  if isinstance(o, Fp8Linear))
+        # FP8's linears keep their native panels, or (without the kernels) their E4M3
+        # weights and per-row output scales, as buffers.
+        fp8 = sum(sum(b.nbytes for b in (o.packed_weight, o.fp8_weight, o.out_scale)
+                      if b is not None) for o in objects if isinstance(o, Fp8Linear))
         return packed + fp8
 
 

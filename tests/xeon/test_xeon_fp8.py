@@ -103,13 +103,18 @@ def test_bit_widening_is_exact_for_every_finite_code():
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("out_features,in_features", [(1, 9), (33, 130), (70, 577)])
-def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_features, path):
+def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_features, path,
+                                                  monkeypatch):
     """Both paths of the layer: the native FP8 panels (AVX2 + FMA builds) and PyTorch's."""
-    if path == "native":
-        from switchyard_xeon.kernels import load_kernels
+    import dataclasses
 
-        load_kernels()
+    from switchyard_xeon import kernels
+
+    status = kernels.load_kernels()
+    if path == "native":
         kernel_paths.require("panel quant fma")
+    else:  # a build without the panels
+        monkeypatch.setattr(kernels, "_status", dataclasses.replace(status, quant_fma=False))
     gen = torch.Generator().manual_seed(rows * 100 + out_features + in_features)
     linear = torch.nn.Linear(in_features, out_features)
     with torch.no_grad():
@@ -125,10 +130,8 @@ def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_feature
     record = FP8.calibration.quantize(linear.weight.detach(), stats, {})
     assert record.format == FP8_E4M3_PER_TENSOR and record.activation_scale == absmax / 448
     layer = fp8_linears.Fp8Linear(record, linear.bias)
-    if path == "native":
-        assert layer.packed_weight is not None
-    else:  # the layer without the kernels: widened in PyTorch
-        layer.packed_weight = None
+    assert (layer.packed_weight is not None) == (path == "native")
+    assert (layer.fp8_weight is None) == (path == "native")  # one copy of the weight
     want = _Fp8Reference(linear, absmax)(x.double())
     with torch.inference_mode():
         got = layer(x)

@@ -111,17 +111,20 @@ class Fp8Linear(torch.nn.Module):
         self.weight_format = weight.format
         self.activation_scale = float(weight.activation_scale)
         self._block_rows = max(16, BLOCK_WEIGHTS // max(k, 1))
-        self.register_buffer("fp8_weight", weight.data.contiguous(), persistent=False)
-        # a * s[n] once: the output scale of every row.
-        self.register_buffer("out_scale", weight.scales.float() * self.activation_scale,
-                             persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(),
                              persistent=False)
         from switchyard_xeon.kernels import load_kernels
 
-        # The native FP8 panels where the kernels have them: the same math, in C++.
-        self.register_buffer("packed_weight", pack_quantized(weight) if load_kernels().quant_fma
-                             else None, persistent=False)
+        # The native FP8 panels where the kernels have them (the same math, in C++, with
+        # a * s[n] in the panels); else the E4M3 weight and the output scales for PyTorch.
+        native = load_kernels().quant_fma
+        self.register_buffer("packed_weight", pack_quantized(weight) if native else None,
+                             persistent=False)
+        self.register_buffer("fp8_weight", None if native else weight.data.contiguous(),
+                             persistent=False)
+        # a * s[n] once: the output scale of every row.
+        self.register_buffer("out_scale", None if native else
+                             weight.scales.float() * self.activation_scale, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``dequant(xq) @ dequant(W).T + b`` for ``x`` of any leading shape, in ``x``'s dtype."""
