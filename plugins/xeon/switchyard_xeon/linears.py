@@ -293,11 +293,10 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
     dtype = next(iter(dtypes))
     use_panels = panels and dtype == torch.float32
     dot = use_panels and bf16_dot
+    from switchyard_xeon.kernels import load_kernels
     from switchyard_xeon.quantized import runs_w8a8
 
     w8a8 = use_panels and quantization is not None and runs_w8a8(quantization)
-    from switchyard_xeon.kernels import load_kernels
-
     fma = use_panels and not dot and not w8a8 and load_kernels().quant_fma and (
         quantization is not None or bool(prequantized))
     # A checkpoint method's layers come quantized (QuantizedLinear); float ones stay bf16.
@@ -374,8 +373,6 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                         if None in formats else ""))
     paths = ""
     if w8a8 and pack and quantized:
-        from switchyard_xeon.kernels import load_kernels
-
         paths = load_kernels().w8a8
     return PackReport(packed=packed, fused_groups=fused, reason=reason,
                       dtype=str(dtype).removeprefix("torch."),
