@@ -39,7 +39,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     Greedy decoding is ``do_sample=False``; then only ``logit_bias``, ``watermark``
     and the penalties apply (TGI applies the watermark to greedy rows too). With
     ``do_sample=True`` the logits are processed in order: logit bias, watermark,
-    penalties, temperature, top-k, top-p, typical-p; then sampled.
+    penalties, the EOS mask of ``StoppingParams.min_new_tokens``, temperature,
+    top-k, top-p, typical-p; then sampled. Reported log-probabilities: a greedy
+    row's are ``log_softmax`` of its logits after logit bias, watermark,
+    penalties and the EOS mask (so a bias shows in them); a sampled row's are
+    those of its fully processed logits (after temperature and the filters).
     ``seed`` makes sampling reproducible for this request regardless of which
     other requests share its batch. Values arrive validated by the gateway.
     """
@@ -121,12 +125,45 @@ class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     Stop *strings* are the gateway's business (they live in text, not ids);
     the engine stops on ``max_new_tokens`` and on any of ``eos_token_ids``
-    unless ``ignore_eos`` is set.
+    unless ``ignore_eos`` is set, and never chooses an EOS id before
+    ``min_new_tokens`` tokens exist.
     """
 
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_new_tokens: int = 0
+    """The fewest tokens to generate before the sequence may end on EOS (OpenAI's and
+    vLLM's ``min_tokens``); 0, the default, is off.
+
+    While fewer than ``min_new_tokens`` tokens have been generated, every id in
+    ``eos_token_ids`` (those inside the vocabulary) has its logit set to -inf
+    before the choice, as transformers' ``MinNewTokensLengthLogitsProcessor``
+    (``generate(min_new_tokens=...)``) does: EOS cannot be chosen, greedy rows
+    take the best other token and sampled rows draw among the others. The
+    token generated once ``min_new_tokens`` tokens exist, and every later
+    one, is chosen as usual. The mask holds whether or not ``ignore_eos`` is
+    set, and it changes only the EOS ids: ``max_new_tokens`` (and the
+    engine's ``max_total_tokens``) still end the sequence, so a value above
+    ``max_new_tokens`` simply forbids EOS to the end. Stop strings are the
+    gateway's and are not held back by it.
+
+    Where it applies: after logit bias, the watermark and the penalties, and
+    before temperature and top-k/p/typical-p, so those choose among the
+    tokens left. The log-probabilities and ``top_tokens`` an engine reports
+    are those of the distribution it actually sampled from, the EOS ids at
+    -inf included: the same rule as ``SamplingParams.logit_bias``, whose
+    bias shows in the reported log-probabilities too (see ``SamplingParams``).
+
+    A grammar wins: when masking the EOS ids would leave no token with a
+    finite logit (a ``Constraint`` that is complete and allows only EOS), the
+    mask is skipped for that step, the grammar's EOS is taken and the
+    sequence ends with ``FinishReason.EOS_TOKEN`` short of
+    ``min_new_tokens`` (the text is complete and valid; nothing else could
+    follow it). Where the grammar allows EOS among other tokens, EOS is masked
+    and the text goes on within the grammar. No row ever goes to all -inf (no
+    NaN, no crash). The toolkit's ``switchyard.engine.sampling`` does all of
+    this for an engine that builds its rows with ``make_sampler``."""
 
 
 class ImageInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -215,6 +252,20 @@ class TokenEvent(msgspec.Struct, frozen=True, kw_only=True):
     """The seed that sampled this sequence; None for greedy."""
     prompt_tokens: int = 0
     """Length of the prompt as the engine saw it (set on the first event)."""
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``, how many had their keys and values reused from the
+    engine's prefix cache instead of computed (OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``). Set on the first event,
+    with ``prompt_tokens``; an engine may repeat the same value on later
+    events of the sequence (the Xeon and Gaudi engines do), never a different
+    one. It is the hit the sequence found when it was first scheduled (a
+    sequence preempted and recomputed later does not count its own blocks). A
+    paged cache shares whole blocks, so it is then a multiple of the engine's
+    block size (``EngineStats.kv_block_size``); it is never the whole prompt
+    (the last prompt token is always computed, to give the first token's
+    logits). 0 on a cold cache, when prefix caching is off, when the request
+    asks for ``prompt_logprobs`` (every position must be computed to be
+    scored), and on engines without a prefix cache."""
     prompt_logprobs: tuple[float, ...] = ()
     """With ``EngineRequest.prompt_logprobs``, on the first event only: the
     log-probability of prompt token ``i + 1`` given tokens ``0..i``, so one fewer
