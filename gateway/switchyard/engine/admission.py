@@ -27,6 +27,8 @@ def request_problem(request: EngineRequest, vocab_size: int,
         return "the prompt is empty"
     if request.stopping.max_new_tokens < 1:
         return "max_new_tokens must be at least 1"
+    if request.stopping.min_new_tokens < 0:
+        return "min_new_tokens must not be negative"
     if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
         return f"prompt has token ids outside the vocabulary (size {vocab_size})"
     if request.images:
@@ -55,10 +57,13 @@ def images_problem(request: EngineRequest) -> str | None:
 
 def make_sampler(request: EngineRequest, vocab_size: int,
                  watermark: WatermarkConfig) -> RowSampler:
-    """The request's sampling state; a sampled request without a seed draws one to report."""
+    """The request's sampling state (its ``min_new_tokens`` EOS hold included); a sampled
+    request without a seed draws one to report."""
     params = request.sampling
     seed = params.seed
     if params.do_sample and seed is None:
         seed = secrets.randbits(63)
     return RowSampler(params, request.prompt_token_ids, vocab_size, seed=seed,
-                      logprobs=request.logprobs, watermark=watermark)
+                      logprobs=request.logprobs, watermark=watermark,
+                      min_new_tokens=request.stopping.min_new_tokens,
+                      eos_token_ids=request.stopping.eos_token_ids)

@@ -7,7 +7,12 @@ a step at once, in this order:
 2. the watermark: ``delta`` on the previous token's green list (TGI applies it
    before everything else it does, see :mod:`switchyard.engine.watermark`),
 3. repetition, frequency and presence penalties,
-4. for sampled rows only: temperature, top-k, top-p and typical-p (TGI's order),
+4. ``min_new_tokens``: while a row has generated fewer tokens than its
+   ``StoppingParams.min_new_tokens``, its EOS ids go to -inf (transformers'
+   ``MinNewTokensLengthLogitsProcessor``), unless that would leave the row no
+   finite logit at all (a grammar that allows only EOS): then the grammar wins
+   and the row is left as it was (:func:`apply_eos_holds`),
+5. for sampled rows only: temperature, top-k, top-p and typical-p (TGI's order),
 
 then the choice itself and the log-probabilities. All results travel to the
 host in a single ``tolist()`` at the end, so the cost of leaving the device is
@@ -16,9 +21,11 @@ put other per-step values (prompt log-probs) on the same transfer.
 
 Log-probabilities follow TGI: a sampled row reports ``log_softmax`` of its fully
 processed logits (after temperature and filtering); a greedy row reports
-``log_softmax`` of its logits after steps 1-3 only (temperature and filters do
-not apply to greedy rows). When no row of a step wants log-probabilities or
-alternatives, they are not computed at all and reported as 0.0.
+``log_softmax`` of its logits after steps 1-4 only (temperature and filters do
+not apply to greedy rows). Either way they are of the distribution the token
+was chosen from: a logit bias shows in them, and a held EOS has -inf. When no
+row of a step wants log-probabilities or alternatives, they are not computed
+at all and reported as 0.0.
 
 Top-k and top-p look at each row's few hundred best candidates, not its whole
 vocabulary (:mod:`switchyard.engine.topk_filter`), with the same kept tokens as
@@ -59,6 +66,9 @@ class RowSampler:
     plain requests cost nothing extra. ``logprobs=False`` says the caller does
     not need the chosen token's log-probability. ``watermark`` overrides the
     environment's watermark settings for a row that asks for one.
+    ``min_new_tokens`` and ``eos_token_ids`` are the request's
+    ``StoppingParams``: the EOS ids are held at -inf until :meth:`record` has
+    seen that many tokens (see :func:`apply_eos_holds`).
     """
 
     def __init__(
@@ -70,6 +80,8 @@ class RowSampler:
         device: torch.device | str = "cpu",
         logprobs: bool = True,
         watermark: WatermarkConfig | None = None,
+        min_new_tokens: int = 0,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
         self.params = params
         self.vocab_size = vocab_size
@@ -104,9 +116,22 @@ class RowSampler:
         self.counts: torch.Tensor | None = None
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.generated = 0
+        """Tokens recorded so far (:meth:`record`)."""
+        self.min_new_tokens = min_new_tokens
+        self.eos_ids: torch.Tensor | None = None
+        """The EOS ids held at -inf while ``generated < min_new_tokens``; None when none are."""
+        eos = sorted({int(t) for t in eos_token_ids if 0 <= t < vocab_size})
+        if min_new_tokens > 0 and eos:
+            self.eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
         self.grammar: GrammarState | None = None
         """The request's grammar (:mod:`switchyard.engine.grammar`), set by the engine
         for a constrained request; :meth:`record` advances it."""
+
+    @property
+    def holds_eos(self) -> bool:
+        """Whether this row's EOS ids are masked at its next token (``min_new_tokens``)."""
+        return self.eos_ids is not None and self.generated < self.min_new_tokens
 
     @property
     def has_penalty(self) -> bool:
@@ -117,6 +142,7 @@ class RowSampler:
         """Add a generated token to the history (penalties, watermark seed)."""
         if self.grammar is not None:
             self.grammar.accept(token_id)
+        self.generated += 1
         if not 0 <= token_id < self.vocab_size:
             return
         self.previous_token = token_id
@@ -172,6 +198,7 @@ def sample_step(
     scores = apply_logit_bias(scores, rows)
     scores = apply_watermarks(scores, rows)
     scores = apply_penalties(scores, rows)
+    scores = apply_eos_holds(scores, rows)
 
     sampled = [i for i, r in enumerate(rows) if r.params.do_sample]
     final = scores
@@ -275,6 +302,30 @@ def apply_penalties(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.T
         delta = counts * f + (counts > 0).float() * p
         scores = scores.index_copy(0, idx, scores[idx] - delta)
     return scores
+
+
+def apply_eos_holds(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.Tensor:
+    """Set the EOS ids of every row still short of its ``min_new_tokens`` to -inf.
+
+    A row where that would leave no finite logit (its grammar, applied before,
+    allows only EOS) keeps its logits: the grammar wins, and the sequence ends
+    on EOS short of ``min_new_tokens`` rather than on a token the grammar
+    forbids or on NaN. Rows not held cost nothing; held rows cost one pass over
+    their own logits, without a host sync.
+    """
+    held = [i for i, r in enumerate(rows) if r.holds_eos]
+    if not held:
+        return scores
+    device = scores.device
+    ids = [rows[i].eos_ids for i in held]
+    local = torch.cat([torch.full_like(t, j) for j, t in enumerate(ids)]).to(device)
+    cols = torch.cat(ids).to(device)  # type: ignore[arg-type]
+    idx = torch.tensor(held, device=device)
+    sub = scores[idx]
+    masked = sub.index_put((local, cols), sub.new_tensor(_NEG_INF))
+    # False where nothing finite is left (and for a NaN row): keep those as they were.
+    alive = masked.amax(dim=-1, keepdim=True) > _NEG_INF
+    return scores.index_copy(0, idx, torch.where(alive, masked, sub))
 
 
 def warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
