@@ -149,3 +149,24 @@ def shared_engine(default_model_path: Path) -> Iterator[XeonEngine]:
 def prompt_of(length: int, start: int = 5) -> list[int]:
     """A deterministic prompt of ``length`` ordinary ids (away from the special tokens)."""
     return [(start + 7 * i) % 1900 + 10 for i in range(length)]
+
+
+def hf_min_new_tokens(model: torch.nn.Module, prompt: list[int], max_new: int, min_new: int,
+                      eos: int, eos_bias: float) -> tuple[list[int], list[float]]:
+    """``generate(do_sample=False, min_new_tokens=...)`` with ``eos_bias`` added to the EOS
+    logit (transformers' ``SequenceBiasLogitsProcessor``), stopping at EOS.
+
+    Returns the generated ids (EOS included when it ended them) and each one's
+    log-probability under the processed scores it was chosen from (bias and the
+    min-new-tokens mask applied), the distribution an engine reports.
+    """
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False, max_new_tokens=max_new, min_new_tokens=min_new,
+            eos_token_id=eos, pad_token_id=0, sequence_bias={(eos,): eos_bias},
+            output_scores=True, return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, ids,
+                                                                                strict=True)]
+    return ids, logprobs

@@ -55,6 +55,7 @@ def emit(seq: Sequence, token_id: int, logprob: float = 0.0,
         request_id=seq.request_id, token_id=token_id, logprob=logprob,
         top_tokens=top_tokens, finish_reason=finish, error=error,
         seed=seq.sampler.seed, prompt_tokens=seq.prompt_len,
+        cached_tokens=seq.cached_tokens or 0,
         prompt_logprobs=prompt_logprobs, prompt_top_tokens=prompt_top_tokens,
     ))
 

@@ -24,7 +24,10 @@ limits are TGI's:
   ours: TGI holds a budget-filling group back too.
 
 Prefix-cache lookups and commits key blocks that cover image placeholders on
-the images too (:meth:`Sequence.block_keys`).
+the images too (:meth:`Sequence.block_keys`). A sequence's first admission
+records its hit in ``Sequence.cached_tokens`` (``TokenEvent.cached_tokens``:
+whole blocks, never the prompt's last token, 0 when prefix caching is off or
+the request asks for prompt log-probabilities).
 
 Admission is first-come first-served and stops at the first request that does
 not fit, so a large request is never starved by smaller ones behind it. A new
@@ -234,6 +237,8 @@ class Scheduler:
         for seq, hit in admitted:
             self.counters.admitted_tokens += len(seq.tokens)
             self.counters.prefix_hit_tokens += hit.tokens
+            if seq.cached_tokens is None:  # its first admission: what the client is told
+                seq.cached_tokens = hit.tokens
         if admitted:
             self._steps_since_join = 0
         return [seq for seq, _ in admitted]
