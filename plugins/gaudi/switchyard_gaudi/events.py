@@ -3,7 +3,8 @@
 Sinks are called from the engine's thread; a failing sink is logged and never
 allowed to stop the loop. The first event of a sequence carries its queue
 time (submit to the start of its prefill step) and, when asked, its prompt's
-log-probabilities.
+log-probabilities. ``TokenEvent.cached_tokens`` stays 0: the engine has no
+prefix cache (every prefill computes its whole prompt into its row).
 """
 
 from __future__ import annotations
