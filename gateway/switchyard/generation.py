@@ -49,6 +49,8 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True):
     generated_tokens: int
     prompt_tokens: int
     seed: int | None
+    cached_tokens: int = 0
+    """Prompt tokens the engine took from its prefix cache instead of computing."""
     prompt_logprobs: tuple[float, ...] = ()
     """Log-probabilities of prompt tokens 1.. (empty unless the plan asked for them
     and the engine reported them)."""
@@ -131,6 +133,7 @@ class SequenceRun:
         count = 0
         prompt_logprobs: tuple[float, ...] = ()
         prompt_top: tuple[tuple[TopToken, ...], ...] = ()
+        cached = 0
         seed = plan.sampling.seed if plan.sampling.do_sample else None
         record = self._record
         try:
@@ -141,6 +144,7 @@ class SequenceRun:
                 first = count == 0
                 if first:
                     prompt_logprobs, prompt_top = event.prompt_logprobs, event.prompt_top_tokens
+                    cached = event.cached_tokens
                 count += 1
                 special = tokenizer.is_special(event.token_id)
                 delta = detok.step(event.token_id)
@@ -158,7 +162,9 @@ class SequenceRun:
                 )
                 visible = delta
                 if stops is not None:
-                    visible, matched = stops.feed(delta)
+                    # vLLM's `min_tokens`: no stop string ends the text before then.
+                    visible, matched = stops.feed(
+                        delta, armed=count >= plan.stopping.min_new_tokens)
                     if matched:
                         reason = FinishReason.STOP_SEQUENCE
                     elif reason is not None:
@@ -175,6 +181,7 @@ class SequenceRun:
                         generated_tokens=count,
                         prompt_tokens=event.prompt_tokens or len(plan.prompt_ids),
                         seed=seed,
+                        cached_tokens=cached,
                         prompt_logprobs=prompt_logprobs,
                         prompt_top_tokens=prompt_top,
                     )

@@ -69,8 +69,13 @@ def _sampling_requested(p: GenerateParameters) -> bool:
     )
 
 
-def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
-    """The parameter checks that need no tokenizer, in TGI's order."""
+def check_parameters(p: GenerateParameters, settings: ServeSettings, *,
+                     max_top_n: int | None = None) -> None:
+    """The parameter checks that need no tokenizer, in TGI's order.
+
+    `max_top_n` replaces `--max-top-n-tokens` as the bound of `top_n_tokens` (OpenAI's
+    chat allows 20 alternatives whatever TGI's flag says).
+    """
     best_of = p.best_of if p.best_of is not None else 1
     if best_of > 1:
         if not _sampling_requested(p):
@@ -115,9 +120,10 @@ def check_parameters(p: GenerateParameters, settings: ServeSettings) -> None:
     if p.seed is not None and not 0 <= p.seed < 2**64:
         raise validation_error("`seed` must be >= 0 and < 2^64", param="seed")
     top_n = p.top_n_tokens or 0
-    if not 0 <= top_n <= settings.max_top_n_tokens:
+    top_n_limit = settings.max_top_n_tokens if max_top_n is None else max_top_n
+    if not 0 <= top_n <= top_n_limit:
         raise validation_error(
-            f"`top_n_tokens` must be >= 0 and <= {settings.max_top_n_tokens}. Given: {top_n}",
+            f"`top_n_tokens` must be >= 0 and <= {top_n_limit}. Given: {top_n}",
             param="top_n_tokens",
         )
     # `grammar` is checked by the route (switchyard.constraints): it knows the model's engine.
@@ -152,6 +158,8 @@ def build_plan(
     include_stop: bool = True,
     constraint: Constraint | None = None,
     images: tuple[ImageInput, ...] = (),
+    min_new_tokens: int = 0,
+    ignore_eos: bool = False,
 ) -> GenerationPlan:
     """Apply truncation and the token limits, then build the engine's parameters.
 
@@ -159,7 +167,8 @@ def build_plan(
     parameters have neither); they arrive validated. `images` are the prompt's
     (`switchyard.media.encode_prompt`): their placeholder tokens are in
     `prompt_ids` and count as input tokens; a `truncate` that would cut into
-    one is a 422.
+    one is a 422. `min_new_tokens` and `ignore_eos` are vLLM's extensions on the OpenAI
+    routes: no EOS (and no stop string) before that many tokens; no EOS at all.
     """
     if p.truncate is not None and len(prompt_ids) > p.truncate:
         cut = len(prompt_ids) - p.truncate
@@ -216,7 +225,8 @@ def build_plan(
             logit_bias=logit_bias,
             watermark=p.watermark,
         ),
-        stopping=StoppingParams(max_new_tokens=cap, eos_token_ids=eos_token_ids),
+        stopping=StoppingParams(max_new_tokens=cap, eos_token_ids=eos_token_ids,
+                                min_new_tokens=min(min_new_tokens, cap), ignore_eos=ignore_eos),
         stop_strings=tuple(s for s in p.stop if s),
         include_stop=include_stop,
         details=p.details or p.decoder_input_details,

@@ -1,9 +1,11 @@
-"""A client that goes away is not a server error: no 5xx in the request log or in metrics.
+"""A client that goes away is not a server error, and its work stops at once.
 
 Raw sockets against the live server: a body shorter than its Content-Length
 followed by a close (Litestar raises a 500-class exception while reading it),
 and a stream closed after its first event. Each must be logged as a dropped
 request without a traceback and counted as `tgi_request_failure{err="dropped"}`.
+A non-streamed request whose client times out must leave the engine's batch at
+once (its sequences aborted), not run to its `max_tokens`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,22 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import LiveServer
+from tests.e2e.abandoned import (
+    CHAT,
+    COMPLETION,
+    MAX_NEW,
+    TGI,
+    abandon,
+    dropped_lines,
+    wait_until_idle,
+)
 
 _FAILURE = re.compile(r'^tgi_request_failure\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
 
@@ -91,3 +104,31 @@ def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
     r = httpx.post(f"{server.url}/generate", timeout=60,
                    json={"inputs": "hello", "parameters": {"max_new_tokens": 2}})
     assert r.status_code == 200
+
+
+# ------------------------------------------- abandoned non-streaming requests
+
+@pytest.mark.parametrize(("path", "body", "count"), [
+    ("/v1/chat/completions", CHAT, 8),
+    ("/v1/chat/completions", {**CHAT, "n": 4, "temperature": 1.0, "seed": 3}, 2),
+    ("/v1/completions", COMPLETION, 8),
+    ("/generate", TGI, 4),
+    ("/", TGI, 2),
+], ids=["chat", "chat-n4", "completions", "tgi-generate", "tgi-compat"])
+def test_abandoned_json_requests_leave_the_batch_at_once(server, path, body, count):
+    """A client that times out on a non-streamed request frees its batch slots within 2 s
+    (not after its MAX_NEW tokens), is logged as dropped, never as a server error, and
+    the capacity it held serves the next request."""
+    model = "switchyard/tiny-llama"
+    start = len(server.log())
+    before = _failures(server)
+    abandon(server.url, path, body, count)
+    wait_until_idle(server, model, within=2.0)
+    dropped_lines(server, start, count, int(body.get("n", 1)))
+    assert "Traceback" not in server.log()[start:]
+    grown = {k: v - before.get(k, 0.0) for k, v in _failures(server).items()
+             if v != before.get(k, 0.0)}
+    assert list(grown.values()) == [count] and 'err="dropped"' in next(iter(grown)), grown
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                   json={"prompt": "hello", "max_tokens": 2})
+    assert r.status_code == 200, r.text

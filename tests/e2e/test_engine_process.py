@@ -28,6 +28,7 @@ from text_generation import Client
 from text_generation.errors import GenerationError
 
 from tests.conftest import LiveServer, start_server, stop_server
+from tests.e2e.abandoned import CHAT, COMPLETION, abandon, dropped_lines, wait_until_idle
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time"]
 LIMITS = "max_total_tokens = 512\nmax_input_tokens = 400\n"
@@ -189,6 +190,25 @@ def test_a_client_that_disconnects_aborts_its_sequence_in_the_engine_process(liv
     assert settled - before < 400
     # ... and its load, pushed by the process once it went quiet, shows an empty batch.
     _wait(lambda: _metric(live, "tgi_batch_current_size", "proc") == 0, 5, "an empty batch")
+
+
+@pytest.mark.parametrize(("name", "engine_model", "upstream"), [
+    ("proc", "proc", False), ("far", "switchyard/tiny-llama", True)],
+    ids=["engine-process", "remote-model"])
+def test_abandoned_json_requests_are_aborted_in_the_engine_process_and_upstream(
+        live, server, name, engine_model, upstream):
+    """Clients that time out on non-streamed requests: an engine process drops their
+    sequences, and a remote model's replica sees its request closed and drops them too."""
+    engine_server = server if upstream else live
+    start = len(engine_server.log())
+    abandon(live.url, "/v1/chat/completions", {**CHAT, "model": name}, 8)
+    abandon(live.url, "/v1/completions", {**COMPLETION, "model": name, "n": 2}, 2)
+    # An engine process pushes its load when it goes quiet: allow it a moment beyond.
+    wait_until_idle(engine_server, engine_model, within=2.0 if upstream else 3.0)
+    dropped_lines(engine_server, start, 10, sequences=2)
+    r = httpx.post(f"{live.url}/v1/completions", timeout=60,
+                   json={"model": name, "prompt": "hello", "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def _stream_until_error(url: str, started: threading.Event, outcome: list[object]) -> None:

@@ -102,7 +102,7 @@ def test_unknown_model_is_404(client):
 
 
 def test_bad_parameter_is_openai_error(client):
-    with pytest.raises(openai.UnprocessableEntityError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tgi", messages=MESSAGES, max_tokens=2,
                                        temperature=5.0)
     assert err.value.body["type"] == "invalid_request_error"

@@ -280,20 +280,20 @@ def test_stop_n_and_best_of(client, reference):
     ({"prompt": [-1, 5]}, "prompt"),
     ({"prompt": [[5], [2048]]}, "prompt"),
     ({"prompt": [[5]] * 5}, "prompt"),
-    ({"prompt": [5] * 401}, "inputs"),
+    ({"prompt": [5] * 401}, "prompt"),
     ({"prompt": [5, 6], "max_tokens": 0}, "max_tokens"),
     ({"prompt": "hi", "max_tokens": -1, "echo": True}, "max_tokens"),
     ({"prompt": "hi", "n": 3, "best_of": 2}, "best_of"),
     ({"prompt": "hi", "n": 1, "best_of": 2, "stream": True}, "best_of"),
 ])
-def test_bad_prompts_are_422(client, body, param):
-    with pytest.raises(openai.UnprocessableEntityError) as err:
+def test_bad_prompts_are_400(client, body, param):
+    with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tgi", **{"max_tokens": 2, **body})
     error = err.value.body
     assert error["param"] == param
     if "Number of prompts" not in error["message"]:  # TGI's own type for that one
         assert error["type"] == "invalid_request_error"
-        assert error["message"].startswith("Input validation error")
+        assert not error["message"].startswith("Input validation error")  # TGI's words
 
 
 def _metric_sums(live: LiveServer) -> dict[str, float]:

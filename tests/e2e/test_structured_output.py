@@ -113,7 +113,7 @@ def test_openai_json_object_and_errors(server):
         "response_format": {"type": "json_schema",
                             "json_schema": {"name": "n", "schema": loose, "strict": True}}},
         timeout=60)
-    assert r.status_code == 422
+    assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == "response_format"
     assert "additionalProperties" in err["message"]

@@ -388,8 +388,11 @@ def test_n_choices_are_submitted_together_with_consecutive_seeds(client, spy):
     assert [req.sampling.seed for req in spy.requests] == [11, 12, 13]
     assert len(set(spy.turns)) == 1  # back to back, with no await between
     prompt = len(spy.requests[0].prompt_token_ids)
-    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 9,
-                             "total_tokens": prompt + 9}
+    assert body["usage"] == {
+        "prompt_tokens": prompt, "completion_tokens": 9, "total_tokens": prompt + 9,
+        "prompt_tokens_details": {"cached_tokens": 0},  # what the spy engine reported
+        "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0}}
     # Choice i is what n=1 answers with seed 11 + i: the seed, not the batch, decides.
     texts = [c["message"]["content"] for c in body["choices"]]
     for seed, text in zip((11, 13), (texts[0], texts[2]), strict=True):

@@ -62,11 +62,13 @@ class ChatMessageIn(msgspec.Struct, kw_only=True):
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
-    """`stream_options` of a streamed request."""
+    """`stream_options` of a streamed request (only with `stream: true`)."""
 
     include_usage: Annotated[bool, Meta(
         description="Send one more chunk before `[DONE]`, with empty `choices` and the "
                     "request's `usage`.")] = False
+    include_obfuscation: Annotated[bool | None, Meta(
+        description="Accepted, not used: chunks carry no obfuscation padding.")] = None
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True):
@@ -131,22 +133,26 @@ _TEMPERATURE = "Sampling temperature from 0 to 2; 0 is greedy. Default 1."
 _TOP_P = "Nucleus sampling: keep the most likely tokens whose probabilities add up to p."
 _N = "Number of choices to generate."
 _STOP = "Up to `--max-stop-sequences` strings that end generation; they are left out of the text."
-_SEED = "Sampling seed, for reproducible output."
 _STREAM = "Answer with server-sent events, ended by `data: [DONE]`."
 _FREQUENCY = "From -2.0 to 2.0: penalize tokens by how often they already appear."
 _PRESENCE = "From -2.0 to 2.0: penalize tokens that already appear."
 _LOGIT_BIAS = "Map of token ids (as strings) to a bias from -100 to 100 added to their logits."
 _USER = "End-user id (accepted, not used)."
+_SEED = ("Sampling seed, a signed 64-bit integer, for reproducible output (a negative seed "
+         "is taken modulo 2^64).")
+_MIN_TOKENS = ("vLLM's extension: generate at least this many tokens; EOS and stop strings "
+               "cannot end the text before then (`max_tokens` still does).")
+_TOP_K = "vLLM's and TGI's extension: sample from the k most likely tokens only."
+_REPETITION = "TGI's multiplicative repetition penalty (> 0); 1.0 is none."
+_IGNORE_EOS = "vLLM's extension: keep generating past EOS, up to `max_tokens`."
+_UNUSED = "Accepted, not used: it does not change the answer."
+_REFUSED = "Not supported: any value but null is a 400 naming it."
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    """Body of `POST /v1/chat/completions`."""
+class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields chat and completion requests share; unknown fields are a 400 naming them."""
 
-    messages: Annotated[list[ChatMessageIn], Meta(description="The conversation so far.")]
     model: Annotated[str | None, Meta(description=_MODEL)] = None
-    max_tokens: Annotated[int | None, Meta(description=_MAX_TOKENS)] = None
-    max_completion_tokens: Annotated[int | None, Meta(
-        description="Same as `max_tokens` (OpenAI's newer name); wins when both are set.")] = None
     temperature: Annotated[float | None, Meta(description=_TEMPERATURE)] = None
     top_p: Annotated[float | None, Meta(description=_TOP_P)] = None
     n: Annotated[int | None, Meta(description=_N)] = None
@@ -154,16 +160,29 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     seed: Annotated[int | None, Meta(description=_SEED)] = None
     stream: Annotated[bool, Meta(description=_STREAM)] = False
     stream_options: Annotated[StreamOptions | None, Meta(
-        description="Options of a streamed answer.")] = None
+        description="Options of a streamed answer; only with `stream: true`.")] = None
     frequency_penalty: Annotated[float | None, Meta(description=_FREQUENCY)] = None
     presence_penalty: Annotated[float | None, Meta(description=_PRESENCE)] = None
+    logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
+    user: Annotated[str | None, Meta(description=_USER)] = None
+    min_tokens: Annotated[int | None, Meta(description=_MIN_TOKENS)] = None
+    top_k: Annotated[int | None, Meta(description=_TOP_K)] = None
+    repetition_penalty: Annotated[float | None, Meta(description=_REPETITION)] = None
+    ignore_eos: Annotated[bool, Meta(description=_IGNORE_EOS)] = False
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/chat/completions`."""
+
+    messages: Annotated[list[ChatMessageIn], Meta(description="The conversation so far.")]
+    max_tokens: Annotated[int | None, Meta(description=_MAX_TOKENS)] = None
+    max_completion_tokens: Annotated[int | None, Meta(
+        description="Same as `max_tokens` (OpenAI's newer name); wins when both are set.")] = None
     logprobs: Annotated[bool | None, Meta(
         description="Return the log-probability of each generated token.")] = None
     top_logprobs: Annotated[int | None, Meta(
         description="With `logprobs`: also return this many most likely tokens per step "
-                    "(at most `--max-top-n-tokens`).")] = None
-    logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
-    user: Annotated[str | None, Meta(description=_USER)] = None
+                    "(0 to 20).")] = None
     response_format: Annotated[ResponseFormat | None, Meta(
         description="Constrain the answer to JSON or a schema.")] = None
     tools: Annotated[list[Tool] | None, Meta(description="Tools the model may call.")] = None
@@ -176,35 +195,38 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
                     "true); false: at most one call.")] = None
     tool_prompt: Annotated[str | None, Meta(
         description="TGI: text put before the tool definitions in the prompt.")] = None
+    metadata: Annotated[dict[str, str] | None, Meta(description=_UNUSED)] = None
+    store: Annotated[bool | None, Meta(description=_UNUSED + " Nothing is stored.")] = None
+    service_tier: Annotated[str | None, Meta(description=_UNUSED)] = None
+    prompt_cache_key: Annotated[str | None, Meta(
+        description=_UNUSED + " The prefix cache is shared by every request.")] = None
+    prompt_cache_retention: Annotated[str | None, Meta(description=_UNUSED)] = None
+    safety_identifier: Annotated[str | None, Meta(description=_UNUSED)] = None
+    modalities: Annotated[list[str] | None, Meta(
+        description="Output modalities: only `[\"text\"]` is served; any other is a 400.")] = None
+    audio: Annotated[Any, Meta(description=_REFUSED + " (no audio output)")] = None
+    prediction: Annotated[Any, Meta(description=_REFUSED)] = None
+    reasoning_effort: Annotated[Any, Meta(description=_REFUSED + " (no reasoning models)")] = None
+    verbosity: Annotated[Any, Meta(description=_REFUSED)] = None
+    web_search_options: Annotated[Any, Meta(description=_REFUSED)] = None
+    functions: Annotated[Any, Meta(description=_REFUSED + " Use `tools`.")] = None
+    function_call: Annotated[Any, Meta(description=_REFUSED + " Use `tool_choice`.")] = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
+class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/completions`."""
 
     prompt: Annotated[str | list[str | int | list[int]], Meta(
         description="A prompt as a string, a list of strings, a list of token ids, or a "
                     "list of token-id lists (ids used as given: no BOS is added). A list "
                     "holds up to `--max-client-batch-size` prompts, each an independent "
-                    "sequence; mixing the forms in one list is a 422.")]
-    model: Annotated[str | None, Meta(description=_MODEL)] = None
+                    "sequence; mixing the forms in one list is a 400.")]
     max_tokens: Annotated[int | None, Meta(
         description=_MAX_TOKENS + " 0 with `echo` scores the prompt and generates nothing.")] = None
-    temperature: Annotated[float | None, Meta(description=_TEMPERATURE)] = None
-    top_p: Annotated[float | None, Meta(description=_TOP_P)] = None
-    n: Annotated[int | None, Meta(description=_N)] = None
     best_of: Annotated[int | None, Meta(
         description="Generate this many candidates per prompt (at least `n`) and return the "
                     "`n` with the highest mean token log-probability, best first; usage "
                     "counts every candidate. Not streamed when larger than `n`.")] = None
-    stop: Annotated[str | list[str] | None, Meta(description=_STOP)] = None
-    seed: Annotated[int | None, Meta(description=_SEED)] = None
-    stream: Annotated[bool, Meta(description=_STREAM)] = False
-    stream_options: Annotated[StreamOptions | None, Meta(
-        description="Options of a streamed answer.")] = None
-    frequency_penalty: Annotated[float | None, Meta(description=_FREQUENCY)] = None
-    presence_penalty: Annotated[float | None, Meta(description=_PRESENCE)] = None
-    repetition_penalty: Annotated[float | None, Meta(
-        description="TGI's multiplicative repetition penalty (> 0); 1.0 is none.")] = None
     logprobs: Annotated[int | None, Meta(
         description="Return log-probabilities with this many alternatives per token "
                     "(at most `--max-top-n-tokens`).")] = None
@@ -212,9 +234,26 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
         description="Put the prompt before the completion; with `logprobs`, the prompt's "
                     "tokens and their log-probabilities come first in `logprobs`.")] = False
     suffix: Annotated[str | None, Meta(
-        description="Not supported, as in TGI: any value is a 422.")] = None
-    logit_bias: Annotated[dict[str, float] | None, Meta(description=_LOGIT_BIAS)] = None
-    user: Annotated[str | None, Meta(description=_USER)] = None
+        description="Not supported, as in TGI: any value is a 400.")] = None
+
+
+class PromptTokensDetails(msgspec.Struct):
+    """`usage.prompt_tokens_details`."""
+
+    cached_tokens: Annotated[int, Meta(
+        description="Prompt tokens whose keys and values came from the prefix cache "
+                    "instead of being computed (whole cache blocks; 0 on a cold cache).")]
+
+
+class CompletionTokensDetails(msgspec.Struct):
+    """`usage.completion_tokens_details`: what OpenAI breaks the generated tokens into."""
+
+    reasoning_tokens: Annotated[int, Meta(
+        description="Tokens of hidden reasoning: always 0 (no reasoning is held back).")] = 0
+    accepted_prediction_tokens: Annotated[int, Meta(
+        description="Always 0: predicted outputs (`prediction`) are not served.")] = 0
+    rejected_prediction_tokens: Annotated[int, Meta(
+        description="Always 0: predicted outputs (`prediction`) are not served.")] = 0
 
 
 class Usage(msgspec.Struct):
@@ -223,6 +262,10 @@ class Usage(msgspec.Struct):
     prompt_tokens: Annotated[int, Meta(description="Tokens in the prompt(s).")]
     completion_tokens: Annotated[int, Meta(description="Tokens generated.")]
     total_tokens: Annotated[int, Meta(description="The sum of both.")]
+    prompt_tokens_details: Annotated[PromptTokensDetails | None, Meta(
+        description="Of the prompt tokens, those served from the prefix cache.")] = None
+    completion_tokens_details: Annotated[CompletionTokensDetails | None, Meta(
+        description="What the generated tokens were.")] = None
 
 
 class TopLogprob(msgspec.Struct):

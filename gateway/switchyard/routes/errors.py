@@ -14,6 +14,7 @@ in OpenAI's format under `/v1/`, in TGI's elsewhere, with OpenAI's messages.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,10 @@ CLIENT_GONE = "dropped"
 """The error type (and `tgi_request_failure` label) of a client that went away."""
 CLIENT_CLOSED_STATUS = 499
 """nginx's "client closed request": the status logged for it (no client reads it)."""
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
+_TGI_PREFIX = "Input validation error: "
+_BODY_KWARG = "data"
+"""Litestar names the body by the handler's argument when a field is unknown at its top."""
 _LITESTAR_DISCONNECT = "client disconnected prematurely"
 """What Litestar's `Request.stream` raises (as a 500) when the client goes away mid-body."""
 
@@ -95,21 +100,25 @@ def _as_api_error(exc: Exception, request: Request[Any, Any, Any] | None) -> Api
         # Bodies a route decodes itself (e.g. /invocations) fail here rather than in Litestar.
         malformed = isinstance(exc, msgspec.DecodeError) and not isinstance(
             exc, msgspec.ValidationError)
-        return ApiError(400 if malformed else 422, f"Input validation error: {exc}", "validation")
+        message, _, path = str(exc).partition(" - at `$.")
+        return ApiError(400 if malformed else 422, f"Input validation error: {exc}", "validation",
+                        param=_param(message, path.rstrip("`")))
     if isinstance(exc, ValidationException):
         # Litestar reports body decoding problems here: say what was wrong.
-        extra = exc.extra if isinstance(exc.extra, list) else []
+        extra = [e for e in (exc.extra if isinstance(exc.extra, list) else [])
+                 if isinstance(e, dict)]
         reasons = "; ".join(
             f"{e.get('message')}" + (f" at {e.get('key')}" if e.get("key") else "")
             for e in extra
-            if isinstance(e, dict)
         )
         detail = reasons or exc.detail
         malformed = "malformed" in detail.lower() or "JSON is malformed" in detail
+        first = extra[0] if extra else {}
         return ApiError(
             400 if malformed else 422,
             f"Input validation error: {detail}",
             "validation",
+            param=_param(str(first.get("message", "")), str(first.get("key") or "")),
         )
     if isinstance(exc, NotFoundException) and request is not None:
         # OpenAI's words for a path it does not serve.
@@ -125,6 +134,17 @@ def _as_api_error(exc: Exception, request: Request[Any, Any, Any] | None) -> Api
         return ApiError(exc.status_code, exc.detail, "invalid_request_error")
     log.error("unexpected error while serving a request", exc_info=exc)
     return ApiError(500, f"Internal error: {exc.__class__.__name__}", "internal")
+
+
+def _param(message: str, key: str) -> str | None:
+    """The request field a body decoding error is about: the unknown field it names, or
+    the path msgspec reports (`logit_bias[...]` is `logit_bias`)."""
+    if key == _BODY_KWARG:
+        key = ""
+    unknown = _UNKNOWN_FIELD.search(message)
+    if unknown:
+        return f"{key}.{unknown[1]}" if key else unknown[1]
+    return key.split("[", 1)[0] or None
 
 
 def _unauthorized() -> Response[bytes]:
@@ -147,11 +167,23 @@ def tgi_error_response(
                     status_code=err.status, headers=_headers(exc))
 
 
+def openai_status(err: ApiError) -> int:
+    """The status OpenAI gives: 400 for every invalid request (TGI's routes answer 422)."""
+    return 400 if err.status == 422 else err.status
+
+
 def _openai_detail(err: ApiError) -> oai.ErrorResponse:
-    kind = "invalid_request_error" if err.error_type in INVALID_REQUEST else err.error_type
+    invalid = err.error_type in INVALID_REQUEST or openai_status(err) == 400
+    kind = "invalid_request_error" if invalid else err.error_type
+    code = err.code
+    if code is None and invalid and err.error_type not in INVALID_REQUEST:
+        code = err.error_type  # e.g. `tool_error`, `template_error`: kept as the code
+    message = err.message.removeprefix(_TGI_PREFIX)
+    unknown = _UNKNOWN_FIELD.search(message)
+    if unknown and err.param:
+        message = f"Unrecognized request argument supplied: {err.param}"
     return oai.ErrorResponse(
-        error=oai.ErrorDetail(message=err.message, type=kind, param=err.param, code=err.code)
-    )
+        error=oai.ErrorDetail(message=message, type=kind, param=err.param, code=code))
 
 
 def openai_error_response(
@@ -161,7 +193,7 @@ def openai_error_response(
     if isinstance(exc, MissingApiKey):
         return _unauthorized()
     err = as_api_error(exc, request)
-    return Response(_openai_detail(err), status_code=err.status, headers=_headers(exc))
+    return Response(_openai_detail(err), status_code=openai_status(err), headers=_headers(exc))
 
 
 def tgi_exception_handlers() -> dict[type[Exception], Handler]:

@@ -29,6 +29,8 @@ from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
+from switchyard.routes.content_type import require_json
+from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
 from switchyard.routes.openai_plans import choice_count, plan_chat_call
 from switchyard.routes.openai_tools import ToolSetup, ToolStreamer, tool_message
@@ -122,7 +124,7 @@ async def chat_response(
         model=model.name,
         system_fingerprint=gw.system_fingerprint,
         choices=choices,
-        usage=usage(results[0].finished.prompt_tokens, [r.finished for r in results]),
+        usage=usage([results[0].finished], [r.finished for r in results]),
     )
     return Response(body, status_code=200)
 
@@ -152,7 +154,7 @@ async def _chat_stream(
                     else oai.ChatDelta(role="assistant", content=""))
             yield chunk([oai.ChatChunkChoice(index=index, delta=role, logprobs=None,
                                              finish_reason=None)])
-        finished: list[Finished] = []
+        finished: dict[int, Finished] = {}
         streamers = [ToolStreamer(o.tools) for _ in runs] if o.tools is not None else []
         # Closed here, not left to the garbage collector: a client that goes away
         # must stop the sequences' reader tasks at once.
@@ -169,9 +171,9 @@ async def _chat_stream(
                         finish_reason=finish_reason(done.reason) if done else None,
                     )])
                 if done is not None:
-                    finished.append(done)
-        if o.include_usage and finished:
-            yield chunk([], usage(finished[0].prompt_tokens, finished))
+                    finished[index] = done
+        if o.include_usage and len(finished) == len(runs):
+            yield chunk([], usage([finished[0]], finished.values()))
     except ApiError as exc:
         yield error_event(exc)
     finally:
@@ -203,10 +205,10 @@ def _tool_chunks(streamer: ToolStreamer, index: int, step: Step,
 
 
 @post("/v1/chat/completions", status_code=200, summary="OpenAI chat completions", tags=["OpenAI"],
-      guards=[require_api_key], **openapi.CHAT_COMPLETIONS)
+      guards=[require_api_key, require_json], **openapi.CHAT_COMPLETIONS)
 async def chat_completions(
     gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest],
     request: Request[Any, Any, Any],
 ) -> Response[oai.ChatCompletion] | ServerSentEvent:
     """Answer a chat conversation, as one JSON body or as server-sent chunks."""
-    return await chat_response(gw, data, await request.body())
+    return await unless_client_leaves(request, chat_response(gw, data, await request.body()))

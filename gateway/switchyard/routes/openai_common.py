@@ -21,11 +21,19 @@ def finish_reason(reason: FinishReason) -> oai.FinishReasonOpenAI:
     return "length" if reason is FinishReason.LENGTH else "stop"
 
 
-def usage(prompt_tokens: int, finished: Iterable[Finished]) -> oai.Usage:
-    """Usage of a request: its prompts counted once, every choice's tokens summed."""
+def usage(prompts: Iterable[Finished], finished: Iterable[Finished]) -> oai.Usage:
+    """Usage of a request: each prompt counted once (by the sequence in `prompts` that
+    stands for it, whose cache hits are the prompt's), every choice's tokens summed."""
+    counted = list(prompts)
+    prompt_tokens = sum(done.prompt_tokens for done in counted)
     completion = sum(done.generated_tokens for done in finished)
-    return oai.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
-                     total_tokens=prompt_tokens + completion)
+    return oai.Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion,
+        total_tokens=prompt_tokens + completion,
+        prompt_tokens_details=oai.PromptTokensDetails(
+            cached_tokens=sum(done.cached_tokens for done in counted)),
+        completion_tokens_details=oai.CompletionTokensDetails(),
+    )
 
 
 def error_event(exc: ApiError) -> str:

@@ -43,6 +43,8 @@ from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
+from switchyard.routes.content_type import require_json
+from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.completion_logprobs import echo_logprobs, generated_logprobs, joined
 from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
 from switchyard.routes.openai_plans import CompletionPlan, plan_completion
@@ -85,10 +87,9 @@ class _Answer:
 
     def usage(self, finished: Sequence[Finished]) -> oai.Usage:
         """Usage of the whole request: each prompt once, every candidate's tokens."""
-        prompt_tokens = sum(done.prompt_tokens for i, done in enumerate(finished)
-                            if i % self.plan.best_of == 0)
+        firsts = [done for i, done in enumerate(finished) if i % self.plan.best_of == 0]
         # Scoring generated one token per sequence to drop it: none reached the client.
-        return usage(prompt_tokens, [] if self.plan.score_only else finished)
+        return usage(firsts, [] if self.plan.score_only else finished)
 
     def echo_part(self, prompt: int, scores: Step | Finished) -> oai.CompletionLogprobs | None:
         """The echoed prompt's `logprobs` entries (None unless echoed with logprobs)."""
@@ -251,10 +252,11 @@ async def _completion_stream(answer: _Answer) -> AsyncIterator[str]:
 
 
 @post("/v1/completions", status_code=200, summary="OpenAI completions", tags=["OpenAI"],
-      guards=[require_api_key], **openapi.COMPLETIONS)
+      guards=[require_api_key, require_json], **openapi.COMPLETIONS)
 async def completions(
     gw: NamedDependency[Gateway], data: JSONBody[oai.CompletionRequest],
     request: Request[Any, Any, Any],
 ) -> Response[oai.Completion] | ServerSentEvent:
     """Complete one prompt or a list of prompts, `n` choices each (of `best_of` candidates)."""
-    return await completion_response(gw, data, await request.body())
+    return await unless_client_leaves(request,
+                                      completion_response(gw, data, await request.body()))

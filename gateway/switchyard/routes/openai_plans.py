@@ -21,6 +21,7 @@ from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.routes.completion_prompts import CompletionPrompt, completion_prompts
 from switchyard.routes.openai_tools import ToolSetup, chat_messages, template_tools, tool_setup
+from switchyard.settings import TokenLimits
 from switchyard.state import Gateway
 from switchyard.text.chat import ChatTemplateError, render_chat
 from switchyard.validation import GenerationPlan, build_plan, check_parameters
@@ -31,6 +32,19 @@ MAX_N = 128
 MAX_LOGIT_BIAS_ENTRIES = 300
 """Most tokens one `logit_bias` may name (OpenAI's own limit)."""
 LOGIT_BIAS_RANGE = 100.0
+MAX_TOP_LOGPROBS = 20
+"""Chat's `top_logprobs` range is 0 to 20 (OpenAI's), whatever `--max-top-n-tokens` says."""
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""OpenAI's `seed` is a signed 64-bit integer; the engines' seed space is [0, 2^64)."""
+CONTEXT_EXCEEDED = "context_length_exceeded"
+_REFUSED_CHAT_FIELDS = ("audio", "prediction", "reasoning_effort", "verbosity",
+                        "web_search_options", "functions", "function_call")
+"""OpenAI chat fields that would change the answer and are not served: a 400 names them."""
+
+
+def invalid(message: str, param: str, code: str | None = None) -> ApiError:
+    """An invalid request on the OpenAI routes (a 400 there, in OpenAI's words)."""
+    return ApiError(400, message, "validation", param=param, code=code)
 
 
 class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +59,60 @@ class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float | None
     top_n_tokens: int
     n: int | None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    max_tokens_param: str = "max_tokens"
+    """The field the client set `max_tokens` with (chat also has `max_completion_tokens`)."""
+
+
+def engine_seed(seed: int | None) -> int | None:
+    """OpenAI's signed 64-bit `seed` in the engines' [0, 2^64): a negative seed is taken
+    modulo 2^64 (-1 is 2^64 - 1), so every seed maps to its own engine seed."""
+    if seed is None:
+        return None
+    low, high = SEED_RANGE
+    if not low <= seed <= high:
+        raise invalid(f"Invalid 'seed': expected a signed 64-bit integer ({low} to {high}), "
+                      f"but got {seed} instead.", "seed")
+    return seed % 2**64
+
+
+def check_stream_options(stream: bool, options: oai.StreamOptions | None) -> None:
+    """`stream_options` is only allowed with `stream: true`, as in OpenAI."""
+    if options is not None and not stream:
+        raise invalid("The 'stream_options' parameter is only allowed when 'stream' is "
+                      "enabled.", "stream_options")
+
+
+def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> int:
+    """vLLM's `min_tokens`, checked: 0 when absent, never above `max_tokens`."""
+    if min_tokens is None:
+        return 0
+    if min_tokens < 0:
+        raise invalid(f"Invalid 'min_tokens': expected a value >= 0, but got {min_tokens} "
+                      "instead.", "min_tokens")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid(f"Invalid 'min_tokens': {min_tokens} is more than 'max_tokens' "
+                      f"({max_tokens}).", "min_tokens")
+    return min_tokens
+
+
+def check_context(n_in: int, max_tokens: int | None, limits: TokenLimits, prompt_param: str,
+                  max_tokens_param: str = "max_tokens") -> None:
+    """OpenAI's length rules: a prompt over the context, or a `max_tokens` over what the
+    context leaves after the prompt, is a 400 that names the limit (never clamped)."""
+    room = limits.max_total_tokens - n_in
+    if n_in > limits.max_input_tokens or room <= 0:
+        raise invalid(
+            f"This model's maximum input length is {min(limits.max_input_tokens, limits.max_total_tokens - 1)} "
+            f"tokens. However, your {prompt_param} resulted in {n_in} tokens. Please reduce "
+            f"the length of the {prompt_param}.", prompt_param, CONTEXT_EXCEEDED)
+    if max_tokens is not None and max_tokens > room:
+        raise invalid(
+            f"'{max_tokens_param}' is too large: {max_tokens}. This model's maximum context "
+            f"length is {limits.max_total_tokens} tokens and your {prompt_param} resulted in "
+            f"{n_in} tokens, so at most {room} tokens can be generated.",
+            max_tokens_param, CONTEXT_EXCEEDED)
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:
@@ -110,28 +178,45 @@ def logit_bias_pairs(
     return tuple(sorted(pairs))
 
 
+def _in_range(value: float | None, param: str, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        side = "below minimum" if value < low else "above maximum"
+        bound = f">= {low}" if value < low else f"<= {high}"
+        raise invalid(f"Invalid '{param}': decimal {side} value. Expected a value {bound}, "
+                      f"but got {value} instead.", param)
+
+
 def to_parameters(f: SamplingFields) -> GenerateParameters:
-    """Map OpenAI sampling fields onto TGI's, with OpenAI's ranges checked first."""
-    if f.temperature is not None and not 0.0 <= f.temperature <= 2.0:
-        raise validation_error("`temperature` must be >= 0.0 and <= 2.0", param="temperature")
+    """Map OpenAI sampling fields onto TGI's, with OpenAI's ranges checked first (so that
+    TGI's checks, worded with TGI's names, never see a value they would refuse)."""
+    _in_range(f.temperature, "temperature", 0.0, 2.0)
     if f.top_p is not None and not 0.0 < f.top_p <= 1.0:
-        raise validation_error("`top_p` must be > 0.0 and <= 1.0", param="top_p")
-    if f.presence_penalty is not None and not -2.0 <= f.presence_penalty <= 2.0:
-        raise validation_error(
-            "`presence_penalty` must be >= -2.0 and <= 2.0", param="presence_penalty"
-        )
+        raise invalid(f"Invalid 'top_p': expected a value > 0 and <= 1, but got {f.top_p} "
+                      "instead.", "top_p")
+    _in_range(f.presence_penalty, "presence_penalty", -2.0, 2.0)
+    _in_range(f.frequency_penalty, "frequency_penalty", -2.0, 2.0)
     if f.max_tokens is not None and f.max_tokens <= 0:
-        raise validation_error("`max_tokens` must be strictly positive", param="max_tokens")
+        raise invalid(f"Invalid '{f.max_tokens_param}': integer below minimum value. Expected "
+                      f"a value >= 1, but got {f.max_tokens} instead.", f.max_tokens_param)
+    if f.top_k is not None and f.top_k < 0:
+        raise invalid(f"Invalid 'top_k': expected a value >= 0 (0 or absent: no limit), but "
+                      f"got {f.top_k} instead.", "top_k")
+    if f.repetition_penalty is not None and f.repetition_penalty <= 0:
+        raise invalid(f"Invalid 'repetition_penalty': expected a value > 0, but got "
+                      f"{f.repetition_penalty} instead.", "repetition_penalty")
     choice_count(f.n)
     greedy = f.temperature == 0.0
     return GenerateParameters(
         # OpenAI's default temperature is 1: absent temperature samples, 0 is greedy.
         do_sample=not greedy,
         temperature=None if greedy else f.temperature,
-        top_p=None if f.top_p is None or f.top_p >= 1.0 else f.top_p,
+        # Temperature 0 is greedy whatever the warpers say (they would turn sampling on).
+        top_p=None if greedy or f.top_p is None or f.top_p >= 1.0 else f.top_p,
+        top_k=None if greedy else f.top_k or None,
+        repetition_penalty=f.repetition_penalty,
         max_new_tokens=f.max_tokens,
         stop=_stops(f.stop),
-        seed=f.seed,
+        seed=engine_seed(f.seed),
         frequency_penalty=f.frequency_penalty,
         top_n_tokens=f.top_n_tokens,
         details=True,
@@ -207,36 +292,58 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
     return plan_chat_call(gw, model, req).plan
 
 
+def _check_chat_fields(req: oai.ChatCompletionRequest) -> None:
+    """OpenAI's rules on chat fields that TGI's checks do not know."""
+    if not req.messages:
+        raise invalid("Invalid 'messages': empty array. Expected an array with minimum "
+                      "length 1, but got an empty array instead.", "messages")
+    for name in _REFUSED_CHAT_FIELDS:
+        if getattr(req, name) is not None:
+            raise invalid(f"'{name}' is not supported by this server.", name)
+    if req.modalities is not None and set(req.modalities) - {"text"}:
+        raise invalid(f"Invalid 'modalities': only [\"text\"] is served, got "
+                      f"{req.modalities}.", "modalities")
+    check_stream_options(req.stream, req.stream_options)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise invalid("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise invalid(f"Invalid 'top_logprobs': expected a value from 0 to "
+                          f"{MAX_TOP_LOGPROBS}, but got {req.top_logprobs} instead.",
+                          "top_logprobs")
+
+
 def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
                    images: ImageSet | None = None) -> ChatPlan:
     """:func:`plan_chat`, with the request's tool calling (`tools`, `tool_choice`) and its
     `images` (from `switchyard.media.chat_images`, which also rewrote its `image_url` parts)."""
-    if not req.messages:
-        raise validation_error("`messages` cannot be empty", param="messages")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise validation_error("`top_logprobs` requires `logprobs` to be true",
-                               param="top_logprobs")
+    _check_chat_fields(req)
     _reject_unsupported_chat_fields(req)
     constraint = chat_constraint(model, req)
     tools = tool_setup(model, req)
     if tools is not None:
         constraint = tools.constraint
-    max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
-                  else req.max_tokens)
+    newer = req.max_completion_tokens is not None
+    max_tokens = req.max_completion_tokens if newer else req.max_tokens
+    max_param = "max_completion_tokens" if newer else "max_tokens"
     params = to_parameters(SamplingFields(
-        max_tokens=max_tokens,
+        max_tokens=max_tokens, max_tokens_param=max_param,
         temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed,
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-        top_n_tokens=req.top_logprobs or 0, n=req.n,
+        top_n_tokens=req.top_logprobs or 0, n=req.n, top_k=req.top_k,
+        repetition_penalty=req.repetition_penalty,
     ))
-    check_parameters(params, gw.settings)
+    min_tokens = check_min_tokens(req.min_tokens, max_tokens)
+    check_parameters(params, gw.settings, max_top_n=MAX_TOP_LOGPROBS)
     bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
     prompt = encode_prompt(model, chat_prompt(model, req, tools), images,
                            add_special_tokens=False, api="openai")
+    check_context(len(prompt.ids), max_tokens, model.limits, "messages", max_param)
     plan = build_plan(
         prompt.ids, params, model.limits, model.info.eos_token_ids,
         presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
-        constraint=constraint, images=prompt.images,
+        constraint=constraint, images=prompt.images, min_new_tokens=min_tokens,
+        ignore_eos=req.ignore_eos,
     )
     return ChatPlan(plan=plan, tools=tools)
 
@@ -282,16 +389,17 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
             "suffix not supported",
             param="suffix",
         )
+    check_stream_options(req.stream, req.stream_options)
     top_n = gw.settings.max_top_n_tokens
     if req.logprobs is not None and not 0 <= req.logprobs <= top_n:
-        raise validation_error(f"`logprobs` must be >= 0 and <= {top_n}. Given: {req.logprobs}",
-                               param="logprobs")
+        raise invalid(f"Invalid 'logprobs': expected a value from 0 to {top_n}, but got "
+                      f"{req.logprobs} instead.", "logprobs")
     score_only = req.max_tokens == 0
     if score_only and not req.echo:
-        raise validation_error(
-            "`max_tokens` 0 generates nothing and so needs `echo` (to score the prompt); "
-            "without it `max_tokens` must be strictly positive",
-            param="max_tokens")
+        raise invalid(
+            "'max_tokens' 0 generates nothing and so needs 'echo' (to score the prompt); "
+            "without it 'max_tokens' must be at least 1.", "max_tokens")
+    min_tokens = check_min_tokens(req.min_tokens, req.max_tokens)
     n = choice_count(req.n)
     best_of = _best_of(req, n)
     params = to_parameters(SamplingFields(
@@ -302,16 +410,19 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
         temperature=req.temperature, top_p=req.top_p, stop=req.stop,
         seed=req.seed, frequency_penalty=req.frequency_penalty,
         presence_penalty=req.presence_penalty, top_n_tokens=req.logprobs or 0, n=req.n,
+        top_k=req.top_k, repetition_penalty=req.repetition_penalty,
     ))
-    if req.repetition_penalty is not None:
-        params.repetition_penalty = req.repetition_penalty
     params.decoder_input_details = score_prompt
     check_parameters(params, gw.settings)
     bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
+    for prompt in prompts:
+        check_context(len(prompt.ids), None if score_only else req.max_tokens, model.limits,
+                      "prompt")
     plans = [
-        msgspec.structs.replace(build_plan(list(prompt.ids), params, model.limits, model.info.eos_token_ids,
-                           presence_penalty=req.presence_penalty or 0.0, logit_bias=bias,
-                           include_stop=False), score_only=score_only)
+        msgspec.structs.replace(build_plan(
+            list(prompt.ids), params, model.limits, model.info.eos_token_ids,
+            presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
+            min_new_tokens=min_tokens, ignore_eos=req.ignore_eos), score_only=score_only)
         for prompt in prompts
     ]
     return CompletionPlan(prompts=prompts, plans=plans, n=n, best_of=best_of,

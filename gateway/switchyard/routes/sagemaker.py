@@ -20,6 +20,8 @@ from switchyard.errors import validation_error
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
 from switchyard.routes.auth import require_api_key
+from switchyard.routes.content_type import require_json
+from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.errors import (
     openai_error_response,
     tgi_error_response,
@@ -43,12 +45,17 @@ class _Shape(msgspec.Struct):
 
 
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
-      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.INVOCATIONS)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.INVOCATIONS)
 async def invocations(
     gw: NamedDependency[Gateway], request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[Any] | ServerSentEvent:
     """Dispatch to compat generate (`inputs`), chat (`messages`) or completions (`prompt`)."""
     body = await request.body()
+    return await unless_client_leaves(request, _dispatch(gw, request, body, x_model))
+
+
+async def _dispatch(gw: Gateway, request: Request[Any, Any, Any], body: bytes,
+                    x_model: str | None) -> Response[Any] | ServerSentEvent:
     shape = msgspec.json.decode(body, type=_Shape)
     if shape.inputs:
         return await compat_response(

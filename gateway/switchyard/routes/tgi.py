@@ -27,6 +27,8 @@ from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
 from switchyard.routes import remote
 from switchyard.routes.auth import require_api_key
+from switchyard.routes.content_type import require_json
+from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.routes.openai_plans import chat_prompt
 from switchyard.routes.ops import Degraded, health
@@ -274,7 +276,7 @@ async def compat_response(
 
 
 @post("/generate", status_code=200, summary="Generate tokens", tags=["Text Generation Inference"],
-      guards=[require_api_key], **openapi.GENERATE)
+      guards=[require_api_key, require_json], **openapi.GENERATE)
 async def generate_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
     request: Request[Any, Any, Any], x_model: ModelHeader = None,
@@ -282,13 +284,14 @@ async def generate_route(
     """Generate text for one input and answer when it is complete."""
     target = remote.remote_target(gw, x_model, "tgi")
     if target is not None:
-        return await remote.forward_tgi(target, "/generate", await request.body(), False)
-    body, headers = await run_generate(gw, data, x_model)
+        return await unless_client_leaves(
+            request, remote.forward_tgi(target, "/generate", await request.body(), False))
+    body, headers = await unless_client_leaves(request, run_generate(gw, data, x_model))
     return Response(body, headers=headers, status_code=200)
 
 
 @post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
-      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.GENERATE_STREAM)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.GENERATE_STREAM)
 async def generate_stream_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
     request: Request[Any, Any, Any], x_model: ModelHeader = None,
@@ -301,13 +304,14 @@ async def generate_stream_route(
 
 
 @post("/", status_code=200, summary="Generate tokens (compat)", tags=["Text Generation Inference"],
-      guards=[require_api_key], **openapi.COMPAT)
+      guards=[require_api_key, require_json], **openapi.COMPAT)
 async def compat_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.CompatGenerateRequest],
     request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[list[tgi.GenerateResponse]] | ServerSentEvent:
     """TGI's compatibility route: a JSON array, or a stream when `stream` is true."""
-    return await compat_response(gw, data, x_model, await request.body())
+    return await unless_client_leaves(
+        request, compat_response(gw, data, x_model, await request.body()))
 
 
 @get("/", summary="Readiness (TGI's GET /)", tags=["Text Generation Inference"],
@@ -320,7 +324,7 @@ async def root_health(
 
 
 @post("/tokenize", status_code=200, summary="Tokenize inputs", tags=["Text Generation Inference"],
-      guards=[require_api_key], **openapi.TOKENIZE)
+      guards=[require_api_key, require_json], **openapi.TOKENIZE)
 async def tokenize_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
     request: Request[Any, Any, Any], x_model: ModelHeader = None,
@@ -340,7 +344,7 @@ async def tokenize_route(
 
 
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
-      tags=["Text Generation Inference"], guards=[require_api_key], **openapi.CHAT_TOKENIZE)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.CHAT_TOKENIZE)
 async def chat_tokenize_route(
     gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest],
     request: Request[Any, Any, Any],

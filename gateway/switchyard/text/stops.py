@@ -64,14 +64,19 @@ class StopMatcher:
         """Text held back because it could begin a stop string (exclusive mode only)."""
         return "" if self._include_stop else self._tail
 
-    def feed(self, delta: str) -> StopStep:
-        """Add the next piece of generated text; return what to show now."""
+    def feed(self, delta: str, *, armed: bool = True) -> StopStep:
+        """Add the next piece of generated text; return what to show now.
+
+        A stop string counts only if it ends in a delta fed `armed` (OpenAI's
+        `min_tokens`: no stop string before that many tokens); text fed unarmed
+        is still held back where it could begin one that ends later.
+        """
         if self._matched_stop is not None:
             return StopStep("", True)
         if not self._stops:
             return StopStep(delta, False)
         window = self._tail + delta
-        found = self._earliest_match(window)
+        found = self._earliest_match(window, len(self._tail)) if armed else None
         if found is not None:
             start, stop = found
             self._matched_stop = stop
@@ -94,10 +99,12 @@ class StopMatcher:
         held, self._tail = self._tail, ""
         return held
 
-    def _earliest_match(self, window: str) -> tuple[int, str] | None:
+    def _earliest_match(self, window: str, ended_before: int) -> tuple[int, str] | None:
+        """The stop string completed first in `window`, among those that end past
+        `ended_before` (the text before it was searched already, or fed unarmed)."""
         best: tuple[int, int, str] | None = None
         for stop in self._stops:
-            start = window.find(stop)
+            start = window.find(stop, max(ended_before - len(stop) + 1, 0))
             if start < 0:
                 continue
             key = (start + len(stop), start, stop)
