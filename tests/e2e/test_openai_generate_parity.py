@@ -105,3 +105,60 @@ def test_completion_of_the_templated_text_is_generate(client, hf, messages):
     assert r.usage.prompt_tokens == len(prompt)
     assert r.usage.completion_tokens == len(want.ids)
     assert choice.logprobs.token_logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def test_min_tokens_is_generate_with_min_new_tokens(client, hf):
+    """`min_tokens` holds EOS back as transformers' `min_new_tokens` does: the greedy
+    conversation that ends with EOS at its 35th token goes on to the 38th, and its
+    log-probabilities are those of the masked distribution (EOS at -inf)."""
+    tok, model = hf
+    prompt = _chat_prompt(hf, ENDS_WITH_EOS)
+    plain = _reference(hf, prompt)
+    min_tokens = 38
+    assert plain.stopped_at_eos and len(plain.ids) < min_tokens  # the hold matters
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]),
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=MAX_TOKENS,
+                             min_new_tokens=min_tokens, output_scores=True,
+                             return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    want = [float(torch.log_softmax(step[0].float(), -1)[i])
+            for step, i in zip(out.scores, ids, strict=True)]
+    eos = model.generation_config.eos_token_id
+    assert len(ids) > min_tokens and eos not in ids[:min_tokens]
+    r = client.chat.completions.create(model="tgi", messages=ENDS_WITH_EOS, max_tokens=MAX_TOKENS,
+                                       temperature=0, logprobs=True,
+                                       extra_body={"min_tokens": min_tokens})
+    choice = r.choices[0]
+    stopped = ids[-1] == eos
+    assert choice.message.content == tok.decode(ids[:-1] if stopped else ids,
+                                                skip_special_tokens=True)
+    assert r.usage.completion_tokens == len(ids)
+    assert [c.logprob for c in choice.logprobs.content] == pytest.approx(want, abs=1e-4)
+
+
+def test_twenty_top_logprobs_are_transformers_top_twenty(client, hf):
+    """Chat allows `top_logprobs` up to 20 (OpenAI's range), past TGI's `--max-top-n-tokens`
+    of 5: the 20 alternatives at each step are transformers' 20 most likely tokens."""
+    tok, model = hf
+    prompt = _chat_prompt(hf, RUNS_TO_THE_LIMIT)
+    steps = 4
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]),
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=steps, output_logits=True,
+                             return_dict_in_generate=True)
+    r = client.chat.completions.create(model="tgi", messages=RUNS_TO_THE_LIMIT, max_tokens=steps,
+                                       temperature=0, logprobs=True, top_logprobs=20)
+    content = r.choices[0].logprobs.content
+    assert len(content) == steps
+    for entry, logits in zip(content, out.logits, strict=True):
+        top = torch.log_softmax(logits[0].float(), -1).topk(20)
+        assert len(entry.top_logprobs) == 20
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(
+            top.values.tolist(), abs=1e-4)
+        # The same tokens (their texts; ties aside, which these random logits do not have).
+        assert [t.token for t in entry.top_logprobs] == [
+            tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)])
+            for i in top.indices.tolist()]
