@@ -7,9 +7,11 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
   must use no keyword the grammar engine (xgrammar) would silently ignore
   (:data:`IGNORED_KEYWORDS`, and `minLength`/`maxLength` beside `pattern` or
   `format`), and must compile: the gateway builds the grammar once without a
-  tokenizer (xgrammar's `Grammar.from_json_schema`, a fraction of a
-  millisecond for small schemas), the engine compiles it again for its
-  tokenizer;
+  tokenizer (``switchyard.engine.grammar.json_schema_ebnf``: xgrammar's
+  `Grammar.from_json_schema` with every number bounded, ~1 ms for small
+  schemas), the engine compiles it again for its tokenizer; a numeric range
+  that no bounded number meets (an `integer` whose bounds hold no int64) is
+  refused;
 - a regular expression must compile the same way and hold no NUL byte;
 - either is at most :data:`MAX_GRAMMAR_BYTES` long, and a schema's length
   bounds (`minLength`/`maxLength`, `minItems`/`maxItems`) add up to at most
@@ -34,7 +36,8 @@ import msgspec
 from switchyard_spec import Constraint, ConstraintKind
 
 from switchyard.engine.ebnf_bounds import chain_rules
-from switchyard.engine.grammar import strict_json_ebnf
+from switchyard.engine.grammar import json_schema_ebnf
+from switchyard.engine.number_bounds import NumberBoundsError
 from switchyard.errors import validation_error
 from switchyard.text.tool_calls import ToolFormat
 
@@ -147,8 +150,8 @@ def schema_constraint(schema: Any) -> Constraint:
     return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=spec)
 
 
-def _checked_schema(schema: Any) -> tuple[str, Any]:
-    """A schema's canonical text and its xgrammar ``Grammar``, or ``ConstraintError``."""
+def _checked_schema(schema: Any) -> tuple[str, str]:
+    """A schema's canonical text and its grammar (EBNF), or ``ConstraintError``."""
     if isinstance(schema, bool) or not isinstance(schema, dict):
         raise ConstraintError("the schema must be a JSON object")
     spec = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -159,7 +162,7 @@ def _checked_schema(schema: Any) -> tuple[str, Any]:
 
 
 @functools.lru_cache(maxsize=256)
-def _checked_schema_text(spec: str) -> Any:
+def _checked_schema_text(spec: str) -> str:
     """The checks and the grammar of a canonical schema, once per schema: clients send the
     same schema with every request, and checking it costs ~1-5 ms of the event loop."""
     schema = json.loads(spec)
@@ -179,20 +182,23 @@ def _checked_schema_text(spec: str) -> Any:
                               "count bound may be")
     import xgrammar as xgr
 
-    from switchyard.engine.grammar import JSON_SEPARATORS
-
     try:
-        grammar = xgr.Grammar.from_json_schema(spec, any_whitespace=False,
-                                               separators=JSON_SEPARATORS, strict_mode=False)
+        ebnf = json_schema_ebnf(spec)
+    except NumberBoundsError as exc:
+        raise ConstraintError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
         raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
-    rules = chain_rules(strict_json_ebnf(str(grammar)))
+    rules = chain_rules(ebnf)
     if rules > MAX_BOUND_RULES:
         raise ConstraintError(
             f"the schema's `minLength`/`maxLength`/`minItems`/`maxItems` bounds add up to "
             f"{rules}, more than the {MAX_BOUND_RULES} allowed (each counted character or "
             "item adds to the grammar's compile time)")
-    return grammar
+    try:
+        xgr.Grammar.from_ebnf(ebnf)  # the rewritten grammar parses (the engine compiles it)
+    except Exception as exc:  # noqa: BLE001
+        raise ConstraintError(f"cannot compile the schema: {_reason(exc)}") from None
+    return ebnf
 
 
 def regex_constraint(pattern: Any) -> Constraint:
@@ -379,7 +385,7 @@ def _tool_function(name: str, schema_text: str, strict: bool) -> ToolFunction:
         if problem:
             raise ConstraintError(problem)
     spec, grammar = _checked_schema(schema)
-    return ToolFunction(name=name, schema=spec, grammar=strict_json_ebnf(str(grammar)))
+    return ToolFunction(name=name, schema=spec, grammar=grammar)
 
 
 def tools_constraint(functions: Sequence[ToolFunction], fmt: ToolFormat, *,

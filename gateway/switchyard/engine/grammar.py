@@ -82,12 +82,21 @@ def strict_json_ebnf(ebnf: str) -> str:
 
 
 def json_schema_ebnf(schema: str) -> str:
-    """The grammar of compact JSON that follows ``schema`` (canonical text), as EBNF."""
+    """The grammar of compact JSON that follows ``schema`` (canonical text), as EBNF,
+    every number in it bounded (``switchyard.engine.number_bounds``): its ranges are
+    closed before xgrammar writes them, its plain numbers after.
+    ``NumberBoundsError`` when a numeric range of the schema is empty."""
+    import json
+
     import xgrammar as xgr
 
-    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False,
+    from switchyard.engine.number_bounds import bound_numbers, bounded_schema
+
+    closed = json.dumps(bounded_schema(json.loads(schema)), separators=(",", ":"),
+                        ensure_ascii=False)  # properties keep their order
+    grammar = xgr.Grammar.from_json_schema(closed, any_whitespace=False,
                                            separators=JSON_SEPARATORS, strict_mode=False)
-    return strict_json_ebnf(str(grammar))
+    return strict_json_ebnf(bound_numbers(str(grammar)))
 
 
 def compile_grammar(compiler: Any, constraint: Constraint) -> Any:
