@@ -117,3 +117,65 @@ def test_openai_json_object_and_errors(server):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == "response_format"
     assert "additionalProperties" in err["message"]
+
+
+# A model that keeps writing digits: every JSON number the grammar admits is bounded
+# (switchyard.engine.number_bounds), so the value, and the JSON, must close.
+NUMBERS = {"type": "object", "properties": {"population": {"type": "integer"},
+                                            "area": {"type": "number"}},
+           "required": ["population", "area"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def one_token(default_model_path) -> str:
+    """The default model's token for the digit "1", as `logit_bias` names it."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path))
+    (token,) = tokenizer.encode("1", add_special_tokens=False)
+    return str(token)
+
+
+def test_a_digit_biased_model_closes_its_numbers_and_stops(server, one_token):
+    """`logit_bias` makes "1" win wherever the grammar allows it: the integer ends at int64's
+    19 digits, the number at 16 integer (20 fraction, 3 exponent) digits, and the reply is
+    JSON that validates, with `stop`, long before `max_tokens`. Cut short, the same reply
+    is `length`."""
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="-")
+    kwargs = dict(model="tgi", messages=[{"role": "user", "content": "a city"}], temperature=0,
+                  logit_bias={one_token: 100}, response_format={
+                      "type": "json_schema",
+                      "json_schema": {"name": "city", "schema": NUMBERS, "strict": True}})
+    r = client.chat.completions.create(max_tokens=300, **kwargs)
+    text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    assert finish == "stop", text
+    value = json.loads(text)
+    jsonschema.validate(value, NUMBERS)
+    assert value["population"] == 1111111111111111111  # 19 ones: below 9223372036854775807
+    # 16 integer digits, then (as the model likes) 20 fraction digits, 3 exponent digits
+    assert re.fullmatch(r'\{"area":1{16}(\.1{20})?([eE][+-]?1{3})?,"population":1{19}\}',
+                        text), text
+    assert r.usage.completion_tokens < 300
+
+    r = client.chat.completions.create(max_tokens=12, **kwargs)
+    cut = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "length"
+    assert text.startswith(cut) and cut.startswith('{"area":1'), cut
+
+
+def test_a_digit_biased_tool_call_closes_its_arguments(server, one_token):
+    """The same in a tool call's arguments: the integer closes, the call is whole."""
+    args = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+            "additionalProperties": False}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "count"}], "max_tokens": 200,
+        "temperature": 0, "logit_bias": {one_token: 100}, "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "tools": [{"type": "function", "function": {"name": "count", "parameters": args}}]},
+        timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "count"
+    assert json.loads(call["function"]["arguments"]) == {"n": 1111111111111111111}
