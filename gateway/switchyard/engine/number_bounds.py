@@ -178,11 +178,15 @@ class _Chains:
 
     def upto(self, char: str, tag: str, n: int) -> str:
         """0 to ``n`` (>= 1) characters ``char``."""
+        if f"json_{tag}_u{n}" in self.rules:
+            return f"json_{tag}_u{n}"
         rest = f" {self.upto(char, tag, n - 1)}" if n > 1 else ""
         return self._add(f"json_{tag}_u{n}", f'("" | ({char}{rest}))')
 
     def exact(self, char: str, tag: str, n: int) -> str:
         """Exactly ``n`` (>= 1)."""
+        if f"json_{tag}_x{n}" in self.rules:
+            return f"json_{tag}_x{n}"
         rest = f" {self.exact(char, tag, n - 1)}" if n > 1 else ""
         return self._add(f"json_{tag}_x{n}", f"(({char}{rest}))")
 
@@ -259,6 +263,8 @@ def _chain_repetitions(body: str, bodies: dict[str, str], chains: _Chains) -> st
     """``body`` with each bounded repetition of a digit rule that ends one of its
     alternatives (where a range's digits end) written as a chain, and then the
     digits-end lookahead."""
+    if "{" not in body:
+        return body
     masked = _masked(body)
     pieces, last = [], 0
     for match in _REPEAT.finditer(masked):
