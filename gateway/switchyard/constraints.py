@@ -8,7 +8,7 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
   (:data:`IGNORED_KEYWORDS`, and `minLength`/`maxLength` beside `pattern` or
   `format`), and must compile: the gateway builds the grammar once without a
   tokenizer (``switchyard.engine.grammar.json_schema_ebnf``: xgrammar's
-  `Grammar.from_json_schema` with every number bounded, ~1 ms for small
+  `Grammar.from_json_schema` with every number bounded, 1-5 ms for small
   schemas), the engine compiles it again for its tokenizer; a numeric range
   that no bounded number meets (an `integer` whose bounds hold no int64) is
   refused;
