@@ -30,6 +30,7 @@ from switchyard.routes.errors import routing_exception_handlers
 from switchyard.settings import ServeSettings
 from switchyard.state import Gateway
 from switchyard.telemetry import Telemetry, Tracing
+from switchyard_spec import EngineStartError
 
 log = logging.getLogger("switchyard")
 
@@ -121,15 +122,22 @@ async def _load(
             gateway.registry.add(model)
         except Exception as exc:  # reported by /health, the model's 503s and the log
             reason = f"{exc.__class__.__name__}: {exc}"
+            # An EngineStartError says what is wrong in words: no traceback under it.
+            expected = isinstance(exc, EngineStartError)
             if len(entries) == 1:
-                log.exception("start-up failed")
+                if expected:
+                    log.error("start-up failed: %s", exc)
+                else:
+                    log.exception("start-up failed")
                 return _give_up(gateway, reason, on_failure)
-            log.exception("model %s failed to load; the other models are served", entry.name)
+            log.error("model %s failed to load; the other models are served: %s", entry.name,
+                      exc, exc_info=not expected)
             gateway.registry.fail((entry.name, *entry.aliases), reason)
             continue
         log.info("model %s: served as %s", model.model_id,
                  ", ".join([model.name, *sorted(model.aliases)]))
     if not gateway.registry.everything():
+        log.error("start-up failed: no model could be loaded (each one's reason is above)")
         return _give_up(gateway, "no model could be loaded: " + "; ".join(
             f"{name}: {why}" for name, why in gateway.registry.failed.items()), on_failure)
     gateway.ready = True

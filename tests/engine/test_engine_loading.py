@@ -1,14 +1,17 @@
-"""switchyard.engine.loading: dtype choice, clear start errors, ModelInfo."""
+"""switchyard.engine.loading: dtype choice, clear start errors, ModelInfo, and no model
+served with weights its checkpoint does not have."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from switchyard.engine.loading import cpu_flags, load_causal_lm, resolve_dtype
 from switchyard_spec import EngineStartError
+from tests.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
 
 
 def test_auto_dtype_follows_cpu_flags():
@@ -71,3 +74,46 @@ def test_loads_the_default_model(default_model_path, dtype):
     assert info.eos_token_ids == (2,)
     assert next(loaded.model.parameters()).dtype == getattr(torch, dtype)
     assert not loaded.model.training
+
+
+@pytest.mark.parametrize("kind", BAD_CHECKPOINTS)
+def test_a_checkpoint_that_would_serve_invented_weights_is_refused(kind, default_model_path,
+                                                                   tmp_path):
+    folder = build_bad_checkpoint(kind, default_model_path, tmp_path / kind)
+    with pytest.raises(EngineStartError) as refused:
+        load_causal_lm(folder, dtype="float32")
+    message = str(refused.value)
+    assert EXPECTED[kind] in message
+    if kind == "bert":  # what an encoder is for, and what it lacks as a generator
+        assert "it is for embeddings and search, classification, or filling in masked " \
+               "words, and it does not generate text" in message
+        assert "Loaded as one (BertLMHeadModel), it would have 6 weights the checkpoint " \
+               "does not have" in message and "cls.predictions.decoder.bias" in message
+        assert "2 weights in the checkpoint that the model does not use: pooler.dense.bias, " \
+               "pooler.dense.weight" in message
+    if kind == "truncated":
+        whole = (default_model_path / "model.safetensors").stat().st_size
+        assert f"is cut short or damaged: it has {whole // 2} bytes, its header describes " \
+               f"{whole} ({whole - whole // 2} missing" in message
+
+
+def test_an_encoder_with_every_weight_is_still_no_generator(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32)
+    BertForMaskedLM(config).save_pretrained(tmp_path)
+    with pytest.raises(EngineStartError, match=r"holds an encoder model \(bert: BertForMaskedLM\)"
+                                               r".*does not generate text"):
+        load_causal_lm(tmp_path)
+
+
+def test_a_shard_the_index_names_must_be_there(default_model_path, tmp_path):
+    folder = tmp_path / "sharded"
+    shutil.copytree(default_model_path, folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "lm_head.weight": "model.safetensors", "model.norm.weight": "model-00002.safetensors"}}))
+    with pytest.raises(EngineStartError, match="names weight files that are not there: "
+                                               "model-00002.safetensors"):
+        load_causal_lm(folder)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from switchyard_spec import EngineStartError, ImageInput, ModelInfo
 
-from switchyard.engine.loading import LoadedModel, dtype_name, eos_token_ids
+from switchyard.engine.loading import LoadedModel, check_loading_info, dtype_name, eos_token_ids
 
 logger = logging.getLogger("switchyard.engine")
 
@@ -103,10 +103,12 @@ def load_vision_lm(model_path: str | Path, arch: VisionArchitecture, dtype: torc
     if text_attention is not None:
         extra["attn_implementation"] = {"text_config": text_attention}
     try:
-        model = model_class.from_pretrained(path, dtype=dtype, use_safetensors=True, **extra)
+        model, loading = model_class.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                     output_loading_info=True, **extra)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise EngineStartError(f"cannot load {arch.class_name} weights from {str(path)!r}: "
                                f"{exc}") from exc
+    check_loading_info(path, arch.class_name, loading)
     model = model.to(device).eval()
     seconds = time.perf_counter() - start
     logger.info("loaded %s (%s) in %.2fs", path, arch.class_name, seconds)

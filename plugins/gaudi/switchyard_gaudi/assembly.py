@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 import torch
 from switchyard.engine.image_features import ARCHITECTURES, load_vision_lm, vision_architecture
-from switchyard.engine.loading import dtype_name, load_causal_lm, resolve_dtype
+from switchyard.engine.loading import checked_config, dtype_name, load_causal_lm, resolve_dtype
 from switchyard.engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
 
@@ -196,6 +197,9 @@ def prepare(config: EngineConfig, env: dict[str, str] | None) -> Prepared:
     problem = device.fp8_problem() if config.quantize else None
     if problem is not None:
         raise EngineStartError(f"gaudi engine: --quantize {config.quantize}: {problem}")
+    if vision_architecture(config.model_path) is None:
+        # The toolkit's refusals first: an encoder, a weight file cut short, not a causal LM.
+        checked_config(Path(config.model_path))
     dims = read_model_dims(config.model_path)
     check_model(dims, config, settings)
     if config.quantize:  # the linears' weights held at one byte each
