@@ -76,9 +76,9 @@ def main() -> None:
 
     model_path = args.model
     if model_path is None:
-        from switchyard.models.default_model import ensure_default_model
+        from switchyard.models.random_model import ensure_random_model
 
-        model_path = str(ensure_default_model())
+        model_path = str(ensure_random_model())
     fp32 = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     vocab = fp32.config.vocab_size

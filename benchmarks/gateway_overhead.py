@@ -357,7 +357,8 @@ def main() -> None:
     replica, gateway = args.replica_url, args.gateway_url
     try:
         if replica is None:
-            proc, replica = serve(["--engine-option", f"num_threads={args.threads}",
+            proc, replica = serve(["--model-id", "switchyard/tiny-llama-random",
+                                   "--engine-option", f"num_threads={args.threads}",
                                    "--max-concurrent-requests", "512"], logs / "replica.log",
                                   {"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
             procs.append(proc)

@@ -91,9 +91,9 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from switchyard.models.default_model import ensure_default_model
+        from switchyard.models.random_model import ensure_random_model
 
-        model = ensure_default_model(Path("/tmp/switchyard-bench"))
+        model = ensure_random_model(Path("/tmp/switchyard-bench"))
     results = [run(model, ranks, args) for ranks in (1, 2)]
     diff = float((results[1]["logits"] - results[0]["logits"]).abs().max())  # type: ignore
     for r in results:

@@ -151,9 +151,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     folder = args.model
     if folder is None:
-        from switchyard.models.default_model import ensure_default_model
+        from switchyard.models.random_model import ensure_random_model
 
-        folder = str(ensure_default_model(Path.home() / ".cache" / "switchyard"))
+        folder = str(ensure_random_model(Path.home() / ".cache" / "switchyard"))
     names = list(SCHEMAS) if args.schema == "all" else [args.schema]
     masks = ["torch", "native"] if args.mask == "both" else [args.mask]
     for name in names:

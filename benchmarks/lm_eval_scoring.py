@@ -215,8 +215,8 @@ def main() -> None:
     opts = parser.parse_args()
     model_dir = opts.model_dir
     if model_dir is None:
-        from switchyard.models.default_model import default_cache_dir, ensure_default_model
-        model_dir = ensure_default_model(default_cache_dir())
+        from switchyard.models.random_model import ensure_random_model
+        model_dir = ensure_random_model()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     greedy = greedy_question(model, tokenizer)

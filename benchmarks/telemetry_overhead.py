@@ -317,8 +317,8 @@ def main() -> None:
                         help=f"which of {', '.join(VARIANTS)} to run; the first is the baseline")
     parser.add_argument("--server-cpus", default=None,
                         help="CPUs for the servers, e.g. 0-6 (default: all but the last one)")
-    parser.add_argument("--model-id", default=None,
-                        help="a model folder for every server (default: the built-in default)")
+    parser.add_argument("--model-id", default="switchyard/tiny-llama-random",
+                        help="the model of every server (default: the random-weight model)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
     model_flags = ["--model-id", args.model_id] if args.model_id else []

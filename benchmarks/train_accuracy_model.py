@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "gateway"))
 
 from switchyard.engine.loading import cpu_flags  # noqa: E402
-from switchyard.models.default_model import ensure_default_model  # noqa: E402
+from switchyard.models.random_model import ensure_random_model  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6,
              num_attention_heads=8, num_key_value_heads=4, head_dim=32,
@@ -104,7 +104,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer_dir = ensure_default_model()
+    tokenizer_dir = ensure_random_model()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     train_files, held_files = corpus_files()

@@ -1,4 +1,4 @@
-"""Fixtures shared by every test package: the locally built default model and a live server."""
+"""Fixtures shared by every test package: the locally built random-weight model and a live server."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+RANDOM_MODEL = "switchyard/tiny-llama-random"
+"""The served name of the random-weight model the suite's servers serve by default."""
 
 
 @pytest.fixture(scope="session")
@@ -25,10 +27,11 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def default_model_path(model_cache: Path) -> Path:
-    """The embedded default model, built deterministically into the test cache."""
-    from switchyard.models.default_model import ensure_default_model
+    """The random-weight model (`switchyard/tiny-llama-random`), built deterministically into
+    the test cache: what the suite's servers serve unless a test names another model."""
+    from switchyard.models.random_model import ensure_random_model
 
-    return ensure_default_model(model_cache)
+    return ensure_random_model(model_cache)
 
 
 def _free_port() -> int:
@@ -51,14 +54,22 @@ class LiveServer:
 
 
 def start_server(cache: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 timeout: float = 180.0, port: int | None = None) -> LiveServer:
-    """Start the real CLI and wait until `/health` answers 200 (on `port`, or a free one)."""
+                 timeout: float = 180.0, port: int | None = None, python: str = sys.executable,
+                 inherit_env: bool = True) -> LiveServer:
+    """Start the real CLI and wait until `/health` answers 200 (on `port`, or a free one).
+
+    Without `--model-id` (or a config entry's `model_id`) it serves the random-weight model
+    (`MODEL_ID`, TGI's variable for the flag), not the default one: fast, and built locally.
+    """
     port = port or _free_port()
     log_path = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
     # The server never touches a hub: everything it loads is built locally.
-    full_env = {**os.environ, "SWITCHYARD_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-                **(env or {})}
-    cmd = [sys.executable, "-m", "switchyard.cli", "serve", "--hostname", "127.0.0.1",
+    # `python` and `inherit_env=False`: another interpreter (a venv) in an environment of
+    # exactly `env` and these variables.
+    full_env = {**(os.environ if inherit_env else {}), "SWITCHYARD_CACHE": str(cache),
+                "HF_HUB_OFFLINE": "1",
+                "MODEL_ID": RANDOM_MODEL, **(env or {})}
+    cmd = [python, "-m", "switchyard.cli", "serve", "--hostname", "127.0.0.1",
            "--port", str(port), *args]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)

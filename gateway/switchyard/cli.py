@@ -74,10 +74,13 @@ def main() -> None:
               type=click.Path(dir_okay=False),
               help="TOML file of models to serve ([[models]] tables; see docs/routing.md).")
 @click.option("--model-id", envvar="MODEL_ID", default=None,
-              help="Local folder or hub id (from the local cache). Default: a small built-in model.")
+              help="Local model folder, .gguf file, or hub id (from the local cache). Default: "
+                   "switchyard/smollm2-135m-instruct, prepared once into the model cache.")
 @click.option("--served-model-name", envvar="SERVED_MODEL_NAME", default=None,
               help="Name clients send as `model`; defaults to the model id.")
 @click.option("--revision", envvar="REVISION", default=None)
+@click.option("--gguf-file", envvar="SWITCHYARD_GGUF_FILE", default=None, metavar="NAME",
+              help="The .gguf file to serve in the --model-id folder, when it holds several.")
 @click.option("--engine", envvar="SWITCHYARD_ENGINE", default=None,
               help="Engine to use (see `switchyard plugins`); default: the best available.")
 @click.option("--hostname", envvar="HOSTNAME", default="0.0.0.0", show_default=True)

@@ -18,10 +18,13 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     config: str | None = None
     """A TOML file listing the models to serve (`[[models]]`); None: the one model of the flags."""
     model_id: str | None = None
-    """Local folder or hub id (resolved through the local cache); None = the embedded default model."""
+    """Local folder, GGUF file or hub id (resolved through the local cache), or a built-in
+    name; None = the default model (`switchyard.models.default_model`)."""
     served_model_name: str | None = None
     """Name clients use in `model`; defaults to the model id."""
     revision: str | None = None
+    gguf_file: str | None = None
+    """The GGUF file to serve among several in the `model_id` folder (`switchyard.models.gguf`)."""
     engine: str | None = None
     """Engine name from a plugin; None picks the available engine with the highest priority."""
     hostname: str = "0.0.0.0"

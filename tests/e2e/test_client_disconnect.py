@@ -119,7 +119,7 @@ def test_abandoned_json_requests_leave_the_batch_at_once(server, path, body, cou
     """A client that times out on a non-streamed request frees its batch slots within 2 s
     (not after its MAX_NEW tokens), is logged as dropped, never as a server error, and
     the capacity it held serves the next request."""
-    model = "switchyard/tiny-llama"
+    model = "switchyard/tiny-llama-random"
     start = len(server.log())
     before = _failures(server)
     abandon(server.url, path, body, count)

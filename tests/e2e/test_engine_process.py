@@ -193,7 +193,7 @@ def test_a_client_that_disconnects_aborts_its_sequence_in_the_engine_process(liv
 
 
 @pytest.mark.parametrize(("name", "engine_model", "upstream"), [
-    ("proc", "proc", False), ("far", "switchyard/tiny-llama", True)],
+    ("proc", "proc", False), ("far", "switchyard/tiny-llama-random", True)],
     ids=["engine-process", "remote-model"])
 def test_abandoned_json_requests_are_aborted_in_the_engine_process_and_upstream(
         live, server, name, engine_model, upstream):
@@ -303,7 +303,7 @@ def test_a_pinned_engine_process_exits_when_the_server_is_killed(
                           "256", "--engine-process", "--cpus", str(cpu), "--engine-option",
                           "num_threads=1", timeout=300)
     try:
-        (pid,) = _engine_pids(server, "switchyard/tiny-llama")
+        (pid,) = _engine_pids(server, "switchyard/tiny-llama-random")
         status = Path(f"/proc/{pid}/status").read_text()
         assert re.search(rf"^Cpus_allowed_list:\s+{cpu}$", status, re.M), status
         out = Client(server.url, timeout=120).generate(PROMPTS[0], max_new_tokens=4)

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from switchyard.telemetry.exposition import format_number, render
 from tests.conftest import LiveServer, start_server, stop_server
 
-MODEL = "switchyard/tiny-llama"
+MODEL = "switchyard/tiny-llama-random"
 LABELS = {"model": MODEL, "engine": "xeon"}
 MAX_INPUT, MAX_TOTAL = 400, 512
 

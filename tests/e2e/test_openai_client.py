@@ -17,11 +17,11 @@ def client(server):
 
 def test_models_list(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == ["switchyard/tiny-llama"]
+    assert [m.id for m in models.data] == ["switchyard/tiny-llama-random"]
 
 
 def test_chat_completion(client):
-    r = client.chat.completions.create(model="switchyard/tiny-llama", messages=MESSAGES,
+    r = client.chat.completions.create(model="switchyard/tiny-llama-random", messages=MESSAGES,
                                        max_tokens=8, temperature=0)
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
     choice = r.choices[0]

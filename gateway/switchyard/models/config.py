@@ -40,11 +40,14 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """
 
     model_id: str | None
-    """Local folder or hub id (resolved through the local cache); None = the embedded default."""
+    """Local folder, GGUF file or hub id (resolved through the local cache), or a built-in
+    name; None = the default model."""
     served_model_name: str | None
     aliases: tuple[str, ...] = ()
     """More names clients may send as `model` for this model."""
     revision: str | None
+    gguf_file: str | None = None
+    """The GGUF file to serve among several in the `model_id` folder."""
     engine: str | None
     engine_options: dict[str, str]
     dtype: str

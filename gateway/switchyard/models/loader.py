@@ -16,6 +16,8 @@ from pathlib import Path
 from switchyard.engine_process import EngineProcess, parse_cpus
 from switchyard.models.config import ModelEntry
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from switchyard.models.gguf import ensure_gguf_model, find_gguf
+from switchyard.models.random_model import RANDOM_MODEL_NAME, ensure_random_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
 from switchyard.settings import resolve_num_shard, resolve_token_limits
@@ -25,27 +27,38 @@ from switchyard_spec import Engine, EngineConfig, EngineStartError, StepObserver
 log = logging.getLogger("switchyard.models")
 
 
-def resolve_model_path(model_id: str | None, revision: str | None = None) -> tuple[str, Path]:
-    """Map a model id to (served id, local folder).
+def resolve_model_path(model_id: str | None, revision: str | None = None,
+                       gguf_file: str | None = None) -> tuple[str, Path]:
+    """Map a model id to (served id, local folder of config.json and safetensors).
 
-    None is the embedded default model; an existing folder is used as is; any
-    other id is looked up in the local Hugging Face cache (no download: the
-    server must start offline).
+    None is the default model (prepared into the model cache on first use),
+    and the built-in names are the default and the random-weight model; an
+    existing folder is used as is; a GGUF file, or a folder of one (picked by
+    `gguf_file` among several), is converted once into a cached folder
+    (`switchyard.models.gguf`); any other id is looked up in the local
+    Hugging Face cache (no download: the server must start offline).
     """
-    if model_id is None:
+    if model_id is None and gguf_file is not None:
+        raise EngineStartError("--gguf-file names a file in the folder --model-id gives: "
+                               "pass --model-id too")
+    if model_id is None or model_id == DEFAULT_MODEL_NAME:
         return DEFAULT_MODEL_NAME, ensure_default_model()
-    if os.path.isdir(model_id):
-        return model_id, Path(model_id)
+    if model_id == RANDOM_MODEL_NAME:
+        return RANDOM_MODEL_NAME, ensure_random_model()
+    if os.path.exists(model_id):
+        gguf = find_gguf(model_id, gguf_file)
+        return model_id, ensure_gguf_model(gguf) if gguf is not None else Path(model_id)
     from huggingface_hub import snapshot_download
 
     try:
         folder = snapshot_download(model_id, revision=revision, local_files_only=True)
     except Exception as exc:  # the hub client raises several types for "not cached"
         raise EngineStartError(
-            f"model {model_id!r} is neither a local folder nor in the Hugging Face cache "
-            f"({exc.__class__.__name__}); download it first, e.g. `hf download {model_id}`"
+            f"model {model_id!r} is neither a local folder or file nor in the Hugging Face "
+            f"cache ({exc.__class__.__name__}); download it first, e.g. `hf download {model_id}`"
         ) from exc
-    return model_id, Path(folder)
+    gguf = find_gguf(folder, gguf_file)
+    return model_id, ensure_gguf_model(gguf) if gguf is not None else Path(folder)
 
 
 ObserverFactory = Callable[[str, str], StepObserver | None]
@@ -63,7 +76,7 @@ def load_model(
     other models does not keep its thread and memory.
     """
     t0 = time.perf_counter()
-    model_id, path = resolve_model_path(entry.model_id, entry.revision)
+    model_id, path = resolve_model_path(entry.model_id, entry.revision, entry.gguf_file)
     log.info("model %s: files at %s", model_id, path)
     tokenizer = load_tokenizer(path)
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
