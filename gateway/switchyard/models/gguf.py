@@ -109,15 +109,26 @@ def ensure_gguf_model(gguf_path: Path, cache_dir: Path | None = None) -> Path:
         digest = file_sha256(gguf_path, root)
     except OSError as exc:
         raise EngineStartError(f"cannot read the GGUF file {str(gguf_path)!r}: {exc}") from exc
-    target = root / f"{digest[:16]}-v{CONVERSION_VERSION}"  # the same bytes: one folder
+    target = converted_folder(root, digest)
     if target.is_dir():
-        log.info("GGUF %s: %s; converted before, into %s", gguf_path.name,
-                 _describe(_read_source(target)), target)
+        log_converted(gguf_path.name, target)
         return target
     log.info("GGUF %s: converting to a safetensors folder in %s (once per file)",
              gguf_path.name, target)
     return prepare_folder(target, lambda out: convert_gguf(gguf_path, out, digest),
                           what=f"the GGUF file {gguf_path.name}")
+
+
+def converted_folder(root: Path, sha256: str) -> Path:
+    """Where the GGUF file of digest ``sha256`` is converted to, under ``root`` (``.../gguf``):
+    the same bytes, one folder, whatever the file is called."""
+    return root / f"{sha256[:16]}-v{CONVERSION_VERSION}"
+
+
+def log_converted(name: str, folder: Path) -> None:
+    """The log line of a start that finds a GGUF file converted already."""
+    log.info("GGUF %s: %s; converted before, into %s", name, _describe(_read_source(folder)),
+             folder)
 
 
 def block_types(gguf_path: Path) -> Counter[str]:
