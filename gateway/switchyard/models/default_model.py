@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -123,11 +124,21 @@ def _download(out: Path, root: Path) -> None:
              time.perf_counter() - start)
 
 
+_UNREACHABLE = re.compile(r"Failed to establish a new connection: (\[Errno -?\d+\] [^\"')]+)"
+                          r"|(Temporary failure in name resolution|Name or service not known"
+                          r"|timed out|ProxyError|SSLError|certificate verify failed)")
+
+
 def _last_error(text: str) -> str:
-    """pip's own last error line (it prints a traceback only with -v)."""
+    """pip's last error line (it prints a traceback only with -v), and why the index could
+    not be reached when its retries say so."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR")]
-    return (errors[-1] if errors else lines[-1] if lines else "no output")[:400]
+    last = (errors[-1] if errors else lines[-1] if lines else "no output")[:300]
+    unreachable = _UNREACHABLE.search(text)
+    if unreachable:
+        return f"the package index could not be reached ({unreachable.group(0)[:120]}); {last}"
+    return last
 
 
 def _unavailable(root: Path, reason: str) -> NoReturn:
