@@ -22,7 +22,7 @@ import pytest
 from switchyard.models.cache import cache_root, file_lock, prepare_folder
 from switchyard.models.config import entries_from_settings
 from switchyard.models.default_model import DefaultModelUnavailable, ensure_default_model
-from switchyard.models.gguf import file_sha256, find_gguf
+from switchyard.models.gguf import ensure_gguf_model, file_sha256, find_gguf
 from switchyard.models.loader import resolve_model_path
 from switchyard.models.random_model import RANDOM_MODEL_NAME
 from switchyard.settings import ServeSettings
@@ -71,6 +71,14 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     _touch(tmp_path, "weights.bin")
     with pytest.raises(EngineStartError, match="not a .gguf file"):
         find_gguf(str(tmp_path / "weights.bin"))
+
+
+def test_a_file_that_only_says_gguf_is_refused_and_leaves_nothing(tmp_path):
+    gguf = _touch(tmp_path / "m", "broken.gguf") / "broken.gguf"
+    with pytest.raises(EngineStartError, match="broken.gguf' is not a readable GGUF file"):
+        ensure_gguf_model(gguf, tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()
+            if not p.name.startswith(".")] == []
 
 
 def test_gguf_file_flag_without_model_id_is_refused():

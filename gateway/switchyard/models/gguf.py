@@ -156,7 +156,10 @@ def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
     except ImportError:
         raise EngineStartError("reading GGUF files needs the gguf package: "
                                "pip install gguf") from None
-    types = block_types(gguf_path)
+    try:
+        types = block_types(gguf_path)
+    except (ValueError, OSError, KeyError, IndexError) as exc:  # gguf's reader on a bad file
+        raise EngineStartError(f"{str(gguf_path)!r} is not a readable GGUF file: {exc}") from exc
     folder, name = str(gguf_path.parent), gguf_path.name
     kwargs: dict[str, object] = {"gguf_file": name, "dtype": torch.float32,
                                  "output_loading_info": True}
