@@ -85,7 +85,9 @@ def run_wave(engine: XeonEngine, streams: int, prompt: int, new: int, vocab: int
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``name=key=value,key=value`` -> (name, options)."""
+    """``name=key=value,key=value`` -> (name, options); ``env.NAME=value`` keys set an
+    environment variable of the variant's process instead (e.g.
+    ``env.SWITCHYARD_XEON_ISA=avx2``)."""
     name, _, rest = text.partition("=")
     options = dict(item.split("=", 1) for item in rest.split(",") if item)
     return name, options
@@ -117,7 +119,10 @@ def main() -> None:
                     "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
                     "--new-tokens", str(args.new_tokens), "--streams",
                     *map(str, args.streams)]
-            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+            env = {**os.environ, **{key.removeprefix("env."): value for key, value
+                                    in parse_variant(text)[1].items() if key.startswith("env.")}}
+            out = subprocess.run(argv, check=True, capture_output=True, text=True,
+                                 env=env).stdout
             for line in out.splitlines():
                 if not line.startswith("{"):
                     continue
@@ -137,6 +142,7 @@ def main() -> None:
 def measure_one(args: argparse.Namespace) -> None:
     """In this process: start the one variant's engine, run each wave once, print JSON rows."""
     name, options = parse_variant(args.variant[0])
+    options = {k: v for k, v in options.items() if not k.startswith("env.")}  # set already
     quantize = options.pop("quantize", None)  # an EngineConfig field, not an option
     # The method as `switchyard serve` finds it: from the installed plugins, for this engine.
     host = PluginHost.from_entry_points()

@@ -395,7 +395,8 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
     status = load_kernels()
     # The fp32 panel kernel is AVX2/FMA code: on Intel's AVX-512 cores oneDNN
     # has twice its width. bf16 dot products beat both where the CPU has them.
-    avx2_only = {"avx2", "fma"} <= cpu_flags and "avx512f" not in cpu_flags
+    # The loaded level decides, so SWITCHYARD_XEON_ISA=avx2 runs as an AVX2 CPU does.
+    avx2_only = status.variant == "avx2"
     w8a8 = quantization is not None and quantized.runs_w8a8(quantization)
     # Weight-only quantized weights without bf16 dot products run on the AVX2 + FMA panels.
     fma = quantization is not None and not bf16_dot and status.quant_fma

@@ -43,11 +43,14 @@ def probe() -> DeviceInfo:
     try:
         from switchyard_xeon.machine import read_cpu_info
 
+        from pathlib import Path
+
+        from switchyard_xeon import isa  # the standard library only: no torch here
+
         cpu = read_cpu_info()
         bf16 = "bfloat16" if cpu.has_bf16 else "float32 (no native bf16)"
-        quantized = "" if "avx512_bf16" in cpu.flags else (
-            "; no AVX512_BF16, so no int8/int4 weights")
-        detail = f"{cpu.logical_cpus} logical CPUs, auto dtype {bf16}{quantized}"
+        kernels = isa.describe(Path(isa.__file__).resolve().parent / "kernels")
+        detail = f"{cpu.logical_cpus} logical CPUs, auto dtype {bf16}, kernels {kernels}"
         return DeviceInfo(available=True, name=cpu.describe(), detail=detail)
     except Exception as exc:  # a probe must never raise
         return DeviceInfo(available=False, name="CPU", detail=f"probe failed: {exc}")

@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Ten sources, one library, registered as ``switchyard_xeon::*`` torch operators:
+Eleven sources, one library per ISA level, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -25,26 +25,30 @@ Ten sources, one library, registered as ``switchyard_xeon::*`` torch operators:
   same kernels chained from C++ (``ops.h`` declares them).
 - ``token_mask.cpp``: :class:`TokenMaskFn`, constrained rows' grammar
   bitmasks written onto fp32 logits as -inf in one pass (AVX-512 masked
-  stores; a bit loop elsewhere).
+  stores; a bit loop elsewhere);
+- ``build_info.cpp``: the library's ISA level and the hash of its sources.
 
-They are compiled with ``torch.utils.cpp_extension`` for this CPU
-(``-march=native``: AVX-512 where there is some) into torch's extension cache,
-once per machine and source version (about 30 s of CPU; later starts load the
-cached library).
+They are compiled when the package is built (``setup.py``), not when it
+serves: once per ISA level of :mod:`~switchyard_xeon.isa` (AVX2 + FMA,
+AVX-512 with VNNI, AVX512_BF16 with AMX), each level a library of its own.
+:func:`load_kernels` reads the CPU's features, opens the best library this CPU
+can run (``SWITCHYARD_XEON_ISA`` caps it), and never invokes a compiler: a
+missing, unreadable or stale library (built from other sources than those
+beside it) is reported and the engine serves on the PyTorch path instead.
 
-A machine without a C++ compiler still serves: :func:`load_kernels` returns
-no kernels with the reason, attention takes the portable SDPA path and the
-decoder the PyTorch ops of :class:`~switchyard_xeon.kernels.reference.TorchFusedOps`.
+Without kernels (a CPU below AVX2, a library that is missing or refused)
+:func:`load_kernels` returns none with the reason: attention takes the portable
+SDPA path and the decoder the PyTorch ops of
+:class:`~switchyard_xeon.kernels.reference.TorchFusedOps`.
 The built kernels are checked against those paths (:mod:`~switchyard_xeon.kernels.checks`)
 before they are trusted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import platform
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,19 +56,17 @@ from typing import Protocol
 
 import torch
 
+from switchyard_xeon import isa
+
 logger = logging.getLogger("switchyard.xeon")
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.cpp", "fused_ops.cpp",
-                                                                "paged_prefill.cpp",
-                                                                "panel_gemm.cpp",
-                                                                "panel_dot_bf16.cpp",
-                                                                "panel_dot_uint4.cpp",
-                                                                "panel_w8a8.cpp",
-                                                                "panel_quant_fma.cpp",
-                                                                "decode_layers.cpp",
-                                                                "token_mask.cpp"))
-_HEADERS = (Path(__file__).with_name("ops.h"),)
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+_FOLDER = Path(__file__).resolve().parent
+REBUILD = "pip install --no-build-isolation -e plugins/xeon (make kernels)"
+"""How a source checkout rebuilds the libraries, for the messages that need it."""
+LIBRARY_ENV = "SWITCHYARD_XEON_LIBRARY"
+"""A library built elsewhere from these sources, opened instead of the chosen level's
+(``benchmarks/kernels/build_native.py`` makes a ``-march=native`` one, to compare)."""
+
 
 class PagedDecodeFn(Protocol):
     """Paged decode attention (``paged_attention.cpp``, or its reference in PyTorch)."""
@@ -193,6 +195,9 @@ class KernelStatus:
     avx512-vnni (vpdpbusd) below"), checked; '' when they are missing or failed."""
     token_mask: TokenMaskFn | None = None
     """Grammar bitmasks onto fp32 logits in one pass (``token_mask.cpp``), checked."""
+    variant: str = isa.NONE
+    """The ISA level of the library in use (:data:`~switchyard_xeon.isa.VARIANTS`),
+    or ``none``."""
 
 
 _lock = threading.Lock()
@@ -200,10 +205,10 @@ _status: KernelStatus | None = None
 
 
 def load_kernels() -> KernelStatus:
-    """Build (or load from the cache) and check the native kernels; never raises.
+    """Open the library for this CPU and check its kernels; never raises, never compiles.
 
     The first call in a process does the work; later calls return its result.
-    ``SWITCHYARD_XEON_KERNELS=0`` turns them off.
+    ``SWITCHYARD_XEON_KERNELS=0`` turns them off; ``SWITCHYARD_XEON_ISA`` caps the level.
     """
     global _status
     with _lock:
@@ -216,16 +221,22 @@ def _load() -> KernelStatus:
     if os.environ.get("SWITCHYARD_XEON_KERNELS", "1").lower() in ("0", "false", "off", "no"):
         return KernelStatus(None, "disabled by SWITCHYARD_XEON_KERNELS")
     try:
-        op = _build()
-    except Exception as exc:  # no compiler, no ninja, odd platform: serve without it
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return KernelStatus(None, f"native kernels unavailable ({first[:200]})")
+        choice = isa.choose()
+    except ValueError as exc:
+        return KernelStatus(None, f"native kernels not used: {exc}")
+    if choice.variant is None:
+        return KernelStatus(None, f"native kernels not used: {choice.reason}")
+    opened = _open(choice)
+    if isinstance(opened, str):
+        return KernelStatus(None, opened)
+    variant, why = opened
+    op = torch.ops.switchyard_xeon.paged_decode_attention
     from switchyard_xeon.kernels import checks
 
     error = (checks.check_decode(op) or checks.check_fused(NativeFusedOps())
              or checks.check_panels())
     if error:
-        return KernelStatus(None, f"native kernels failed their check ({error})")
+        return KernelStatus(None, f"native kernels ({variant.name}) failed their check ({error})")
     # Only a build for a CPU with AVX512_BF16 registers the dot-product packers.
     ops = torch.ops.switchyard_xeon
     bf16_dot = hasattr(ops, "pack_panels_bf16_dot")
@@ -260,7 +271,8 @@ def _load() -> KernelStatus:
     if mask_error:
         logger.warning("grammar token mask failed its check, not used: %s", mask_error)
         token_mask = None
-    return KernelStatus(op, "native paged attention (C++)", NativeFusedOps(), prefill=prefill,
+    return KernelStatus(op, f"native kernels for {variant.name} ({why})", NativeFusedOps(),
+                        prefill=prefill, variant=variant.name,
                         bf16_dot=bf16_dot and not dot_error,
                         uint4_dot=uint4_dot and not uint4_error,
                         quant_fma=quant_fma and not fma_error, w8a8=w8a8,
@@ -281,46 +293,87 @@ def _w8a8_paths(bits: int) -> str:
     return small
 
 
-def _build() -> PagedDecodeFn:
-    """Compile the extension into torch's extension cache and return the operator."""
-    from torch.utils import cpp_extension
+def _open(choice: isa.Choice) -> tuple[isa.Variant, str] | str:
+    """Load the chosen variant's library, or the best lower one that was built.
 
-    _ninja_on_path()
-    source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
-    # -march=native code is only valid on CPUs like this one: the name carries the
-    # source, the flags and the CPU's features, so a shared cache never mixes them up.
-    key = hashlib.sha256(
-        source + " ".join(_CFLAGS).encode() + _cpu_signature().encode() + torch.__version__.encode()
-    ).hexdigest()[:12]
-    logger.info("building native kernels (once per machine; cached by torch)")
-    cpp_extension.load(
-        name=f"switchyard_xeon_kernels_{key}",
-        sources=[str(path) for path in _SOURCES],
-        extra_cflags=_CFLAGS,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=False,
-    )
-    return torch.ops.switchyard_xeon.paged_decode_attention
-
-
-def _ninja_on_path() -> None:
-    """torch builds with ninja: put the one from the ``ninja`` wheel on PATH if it is there."""
+    Returns the variant opened and why it was chosen, or why none could be (a
+    library that will not load, or one built from other sources than these).
+    """
+    assert choice.variant is not None
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        return _open_override(Path(override), choice.variant)
+    below = isa.VARIANTS[: isa.VARIANTS.index(choice.variant) + 1]
+    built = [v for v in reversed(below) if isa.library_path(v, _FOLDER) is not None]
+    if not built:
+        return (f"native kernels not built for {choice.variant.name} or below (a source "
+                f"checkout builds them with `{REBUILD}`)")
+    variant = built[0]
+    why = choice.reason if variant is choice.variant else (
+        f"{choice.variant.name} was not built; the best built level this CPU runs")
+    path = isa.library_path(variant, _FOLDER)
+    assert path is not None
+    short = _truncated(path)
+    if short:
+        return f"native kernels for {variant.name} not used: {path.name} {short}"
     try:
-        import ninja  # the wheel ships the binary; a venv's bin/ need not be on PATH
-    except ImportError:
-        return
-    bin_dir = getattr(ninja, "BIN_DIR", None)
-    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"native kernels for {variant.name} did not load ({first[:200]})"
+    ops = torch.ops.switchyard_xeon
+    built_isa, built_from = ops.build_isa(), ops.build_source_hash()
+    if built_isa != variant.name:
+        return f"native kernels: {path.name} says it was built for {built_isa}, not {variant.name}"
+    if any(_FOLDER.glob("*.cpp")) and built_from != isa.source_hash(_FOLDER):
+        return (f"native kernels for {variant.name} are older than their sources, not used "
+                f"(rebuild: `{REBUILD}`)")
+    return variant, why
 
 
-def _cpu_signature() -> str:
+def _open_override(path: Path, best: isa.Variant) -> tuple[isa.Variant, str] | str:
+    """Open ``SWITCHYARD_XEON_LIBRARY`` (it must come from these sources; the CPU's best
+    level stands for it in what the engine decides)."""
+    short = _truncated(path)
+    if short:
+        return f"native kernels: {LIBRARY_ENV}={path} not used: {short}"
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return line
-    except OSError:
-        pass
-    return platform.processor()
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return f"native kernels: {LIBRARY_ENV}={path} did not load ({str(exc)[:200]})"
+    ops = torch.ops.switchyard_xeon
+    if ops.build_source_hash() != isa.source_hash(_FOLDER):
+        return f"native kernels: {LIBRARY_ENV}={path} was built from other sources"
+    return best, f"{LIBRARY_ENV}={path}, built as {ops.build_isa()}"
+
+
+_ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_ELF64_PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")
+
+
+def _truncated(path: Path) -> str:
+    """Why `path` is not a whole 64-bit ELF library ('' when it is).
+
+    The loader maps a library's segments from its file: opening one cut short (a build
+    or copy killed half way) kills the process with SIGBUS instead of raising, so
+    the file is measured against its own headers first.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_ELF64_HEADER.size)
+            if len(data) < _ELF64_HEADER.size or not data.startswith(b"\x7fELF\x02"):
+                return "is not a 64-bit ELF file"
+            (_, _, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+             _) = _ELF64_HEADER.unpack(data)
+            need = max(shoff + shnum * shentsize, phoff + phnum * phentsize)
+            fh.seek(phoff)
+            table = fh.read(phnum * phentsize)
+            if len(table) < phnum * phentsize:
+                return "is cut short (its program headers are missing)"
+            for i in range(phnum):
+                fields = _ELF64_PROGRAM_HEADER.unpack_from(table, i * phentsize)
+                need = max(need, fields[2] + fields[5])  # p_offset + p_filesz
+            size = os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        return f"cannot be read ({exc})"
+    return "" if size >= need else f"is cut short ({size} of {need} bytes)"
