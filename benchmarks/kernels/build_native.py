@@ -38,7 +38,8 @@ def main() -> None:
     cpp_extension.load(
         name="switchyard_xeon_native", sources=[str(p) for p in sorted(KERNELS.glob("*.cpp"))],
         extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp",
-                      '-DSY_ISA="native"', f'-DSY_SOURCE_HASH="{digest}"'],
+                      # Escaped: ninja hands the flags to a shell, which would eat bare quotes.
+                      '-DSY_ISA=\\"native\\"', f'-DSY_SOURCE_HASH=\\"{digest}\\"'],
         extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
         verbose=False)
     print(folder / "switchyard_xeon_native.so")
