@@ -103,8 +103,9 @@ def check_context(n_in: int, max_tokens: int | None, limits: TokenLimits, prompt
     context leaves after the prompt, is a 400 that names the limit (never clamped)."""
     room = limits.max_total_tokens - n_in
     if n_in > limits.max_input_tokens or room <= 0:
+        longest = min(limits.max_input_tokens, limits.max_total_tokens - 1)
         raise invalid(
-            f"This model's maximum input length is {min(limits.max_input_tokens, limits.max_total_tokens - 1)} "
+            f"This model's maximum input length is {longest} "
             f"tokens. However, your {prompt_param} resulted in {n_in} tokens. Please reduce "
             f"the length of the {prompt_param}.", prompt_param, CONTEXT_EXCEEDED)
     if max_tokens is not None and max_tokens > room:

@@ -45,7 +45,8 @@ class _Shape(msgspec.Struct):
 
 
 @post("/invocations", status_code=200, summary="Generate tokens from a SageMaker request",
-      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.INVOCATIONS)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json],
+      **openapi.INVOCATIONS)
 async def invocations(
     gw: NamedDependency[Gateway], request: Request[Any, Any, Any], x_model: ModelHeader = None,
 ) -> Response[Any] | ServerSentEvent:

@@ -291,7 +291,8 @@ async def generate_route(
 
 
 @post("/generate_stream", status_code=200, summary="Generate a stream of tokens (SSE)",
-      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.GENERATE_STREAM)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json],
+      **openapi.GENERATE_STREAM)
 async def generate_stream_route(
     gw: NamedDependency[Gateway], data: JSONBody[tgi.GenerateRequest],
     request: Request[Any, Any, Any], x_model: ModelHeader = None,
@@ -344,7 +345,8 @@ async def tokenize_route(
 
 
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
-      tags=["Text Generation Inference"], guards=[require_api_key, require_json], **openapi.CHAT_TOKENIZE)
+      tags=["Text Generation Inference"], guards=[require_api_key, require_json],
+      **openapi.CHAT_TOKENIZE)
 async def chat_tokenize_route(
     gw: NamedDependency[Gateway], data: JSONBody[oai.ChatCompletionRequest],
     request: Request[Any, Any, Any],
