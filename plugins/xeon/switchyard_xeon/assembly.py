@@ -48,7 +48,7 @@ from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
-from switchyard_xeon.linears import pack_linears
+from switchyard_xeon.linears import pack_linears, weight_memory
 from switchyard_xeon.model_paths import (
     ForwardPath,
     choose_path,
@@ -408,6 +408,7 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
                           quantization=quantization, statistics=statistics,
                           options=dict(options))
     logger.info("linears: %s", report.describe())
+    logger.info("linear weights: %s", weight_memory(model))
     if fallback:  # the model's own forward and attention: nothing more to choose
         return None, None  # type: ignore[return-value]
     if vision.is_vision_lm(model):  # its text model runs the packed steps (all packed now)

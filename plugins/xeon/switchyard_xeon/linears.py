@@ -381,6 +381,53 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True, pack: bool = True,
                       fma=fma and pack)
 
 
+def weight_memory(model: torch.nn.Module) -> str:
+    """What the linears' weights take in memory as the kernels hold them, by how they are stored.
+
+    For the start-up log: "129.9 MiB: uint4-group32-asym 75.9 MiB (120 matmuls), bf16 54.0
+    MiB (1 matmul)". Packed weights count with their scales and zero points; a fused group
+    (q|k|v, gate|up) is one matmul; biases and embeddings are not counted.
+    """
+    sizes: dict[str, list[int]] = {}
+    for module in model.modules():
+        kind, size = _stored(module)
+        if kind:
+            entry = sizes.setdefault(kind, [0, 0])
+            entry[0] += size
+            entry[1] += 1
+    total = sum(size for size, _ in sizes.values())
+    parts = ", ".join(f"{kind} {size / 2**20:.1f} MiB ({count} matmul{'s' if count != 1 else ''})"
+                      for kind, (size, count) in sorted(sizes.items(), key=lambda i: -i[1][0]))
+    return f"{total / 2**20:.1f} MiB: {parts}" if sizes else "no linear layers"
+
+
+def _stored(module: torch.nn.Module) -> tuple[str, int]:
+    """How one linear module stores its weight, and its bytes; ("", 0) for other modules."""
+    from switchyard_xeon.fp8_linears import Fp8Linear
+
+    if isinstance(module, PanelLinear):
+        kind = (module.weight_format.name if module.weight_format is not None else
+                "bf16" if module.bf16_dot or module.narrowed else "float32")
+        return kind, module.packed_weight.nbytes
+    if isinstance(module, PackedLinear):
+        return _dtype_kind(module.packed_weight.dtype), module.packed_weight.nbytes
+    if isinstance(module, Fp8Linear):
+        buffers = (module.packed_weight, module.fp8_weight, module.out_scale)
+        return module.weight_format.name, sum(b.nbytes for b in buffers if b is not None)
+    if type(module) is torch.nn.Linear:
+        return _dtype_kind(module.weight.dtype), module.weight.nbytes
+    if isinstance(module, QuantizedLinear):
+        quantized = module.quantized
+        tensors = (quantized.data, quantized.scales, quantized.zero_points)
+        return quantized.format.name, sum(t.nbytes for t in tensors if t is not None)
+    return "", 0
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    """"bf16", "float32", ...: a float dtype as :func:`weight_memory` names it."""
+    return "bf16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")
+
+
 def _fusable_quantized(group: list[torch.nn.Module | None]) -> bool:
     """Whether ``group`` is all checkpoint layers of one format and one input size."""
     if not all(isinstance(m, QuantizedLinear) for m in group):
