@@ -24,6 +24,7 @@ import pluggy
 
 from switchyard_spec import (
     ENTRY_POINT_GROUP,
+    GGUF_BLOCKS_FILE,
     PROJECT_NAME,
     CommandSpec,
     DeviceInfo,
@@ -201,7 +202,8 @@ class PluginHost:
                 f"has no kernels for; it can run: {runnable}")
         return method
 
-    def detect_quantization(self, name: str | None, model_path: str | os.PathLike) -> str | None:
+    def detect_quantization(self, name: str | None, model_path: str | os.PathLike,
+                            engine: EngineSpec | None = None) -> str | None:
         """``--quantize`` for a model folder: ``name``, or the checkpoint method its config asks for.
 
         A folder whose config.json has ``quantization_config.quant_method``
@@ -209,10 +211,17 @@ class PluginHost:
         declaring that ``config_quant_method`` (logged); a ``name`` of another
         method, or no method reading it, raises `UnsupportedQuantizationError`
         saying so, since its float weights are not there to quantize.
+
+        A folder converted from a GGUF file that kept blocks
+        (``GGUF_BLOCKS_FILE``) holds its float weights too: with no ``name`` it
+        is served by a method whose ``config_quant_method`` is "gguf" and whose
+        formats ``engine`` runs (any, when ``engine`` is None), else
+        dequantized (None); a ``name`` stands, whatever it is. Each case logs
+        what it does with the blocks.
         """
         detected = _config_quant_method(model_path)
         if detected is None:
-            return name
+            return self._gguf_quantization(name, model_path, engine)
         methods = self.quantization_methods()
         readers = sorted(m.name for m in methods.values()
                          if m.load is not None and m.config_quant_method == detected)
@@ -234,6 +243,35 @@ class PluginHost:
                 f"{detected!r} (quantization_config.quant_method), so there are no float "
                 f"weights for {name!r}; {also}")
         return name
+
+    def _gguf_quantization(self, name: str | None, model_path: str | os.PathLike,
+                           engine: EngineSpec | None) -> str | None:
+        """:meth:`detect_quantization` for a folder that is no quantized checkpoint."""
+        blocks = os.path.join(model_path, GGUF_BLOCKS_FILE)
+        if not os.path.isfile(blocks):
+            return name
+        readers = [m for m in self.quantization_methods().values()
+                   if m.load is not None and m.config_quant_method == "gguf"]
+        names = " or ".join(sorted(m.name for m in readers))
+        where = os.fspath(model_path)
+        if name is not None:
+            if name not in {m.name for m in readers}:
+                log.info("%s: --quantize %s quantizes every linear from its dequantized GGUF "
+                         "weights; %s keep the GGUF blocks of %s as they are", where, name,
+                         f"no --quantize or --quantize {names}" if names else
+                         "a plugin reading them would", GGUF_BLOCKS_FILE)
+            return name
+        runnable = sorted(m.name for m in readers if engine is None or _runs(engine, m))
+        if runnable:
+            log.info("%s: GGUF blocks in %s: serving with --quantize %s", where,
+                     GGUF_BLOCKS_FILE, runnable[0])
+            return runnable[0]
+        why = (f"engine {engine.name!r} runs none of the formats of --quantize {names}"
+               if readers and engine is not None else
+               "no installed plugin reads them (switchyard-quant does: --quantize gguf)")
+        log.info("%s: GGUF blocks in %s are served dequantized: %s", where, GGUF_BLOCKS_FILE,
+                 why)
+        return None
 
     def availability(self) -> list[EngineAvailability]:
         """Every engine with the answer of its device probe, best priority first."""

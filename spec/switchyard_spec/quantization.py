@@ -160,6 +160,44 @@ FP8_E4M3_MAX = 448.0
 UINT4_GROUP_SIZES = (32, 64, 128)
 """The group sizes of ``uint4_group_asym`` formats in use."""
 
+GGUF_BLOCK_TYPES = ("Q4_0",)
+"""GGUF block types that a format defined here holds exactly, every weight bit for bit.
+
+GGUF (llama.cpp's files) quantizes a weight in blocks of 32 weights along a
+row (K); the three 32-weight block types:
+
+- ``Q4_0``: an IEEE float16 scale ``d`` and 4-bit ``q`` in 0..15, the weight
+  ``d * (q - 8)``: exactly ``uint4_group_asym(32)`` with ``q`` as it is, the
+  scale ``float32(d)`` (every float16 is a float32) and the zero point 8.
+  The product of an 11-bit significand and an integer of at most 4 bits is
+  a float32 with no rounding (and ``gguf.quants.dequantize`` computes the
+  same product), so the two agree bit for bit, signed zeros, infinities and
+  NaNs included.
+- ``Q4_1``: float16 ``d`` and ``m``, the weight ``d * q + m``: a uint4
+  format's zero point is an integer, which holds ``m`` only when ``-m / d``
+  is an integer in 0..15 (0.27% of the default model's blocks): not held.
+- ``Q8_0``: a float16 scale per 32 int8 weights: ``INT8_PER_CHANNEL`` has one
+  scale per row, and no format here has int8 groups: not held.
+
+Blocks of other types (these two, the K-quants, ...) are dequantized."""
+
+GGUF_BLOCKS_FILE = "gguf-blocks/linears.safetensors"
+"""Where a model folder converted from a GGUF file keeps its linears' GGUF blocks.
+
+The gateway converts a GGUF file (``--model-id FILE.gguf``) into a folder of
+float32 safetensors; beside them it keeps, in this file (relative to the
+folder), the blocks of each linear layer's weight whose GGUF block type is
+in ``GGUF_BLOCK_TYPES``, as the file stores them: one ``uint8`` tensor
+``[N, K / 32 * bytes per block]`` per weight, named as the float weight
+(``model.layers.0.mlp.down_proj.weight``), row ``n`` the blocks of output
+feature ``n`` in the order of K. The rows are in the float weight's order,
+which may be a permutation of the file's (transformers' conversion reorders
+the rows of Llama's q and k projections). The file's metadata maps each
+name to its block type (``"Q4_0"``). The float32 weight of the same name in
+the folder is ``gguf.quants.dequantize`` of these blocks, bit for bit: the
+conversion checks every row. A checkpoint method whose
+``config_quant_method`` is ``"gguf"`` reads this file."""
+
 
 def uint4_group_asym(group_size: int) -> WeightFormat:
     """Unsigned 4-bit, asymmetric: a float32 scale and uint8 zero point per ``group_size`` weights.
@@ -316,4 +354,8 @@ class QuantizationMethod(msgspec.Struct, frozen=True, kw_only=True):
     config_quant_method: str = ""
     """The ``quantization_config.quant_method`` of config.json (transformers'
     name, e.g. "gptq") of the folders ``load`` reads; the gateway serves such a
-    folder with this method when ``--quantize`` is not given. "" for none."""
+    folder with this method when ``--quantize`` is not given. "gguf": ``load``
+    reads the ``GGUF_BLOCKS_FILE`` of a folder converted from a GGUF file,
+    whose other layers (and float copies of these) are in its safetensors;
+    the gateway serves such a folder with it when ``--quantize`` is not given
+    and the engine runs its formats, and dequantized otherwise. "" for none."""

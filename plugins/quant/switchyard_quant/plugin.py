@@ -1,5 +1,6 @@
 """The quant plugin's hooks: weight-only ``int8`` and ``int4`` (three group sizes), ``smoothquant``,
-``fp8``, the checkpoint methods ``gptq``, ``awq`` and ``ipex-lowp``, and ``switchyard quantize``.
+``fp8``, the checkpoint methods ``gptq``, ``awq``, ``ipex-lowp`` and ``gguf``, and
+``switchyard quantize``.
 
 Registered under the ``switchyard.plugins`` entry-point group. Importing this
 module is cheap and imports no torch: each method's functions import the
@@ -100,11 +101,13 @@ SMOOTHQUANT_OPTIONS = ("smoothquant_alpha", "smoothquant_activations", "calibrat
 
 
 def load_checkpoint(folder: str, options: Mapping[str, str], layout: str) -> QuantizedCheckpoint:
-    """See :mod:`switchyard_quant.checkpoints` (``layout``: gptq, awq or lowp)."""
+    """See :mod:`switchyard_quant.checkpoints` (``layout``: gptq, awq, lowp or gguf)."""
     if layout == "gptq":
         from switchyard_quant.checkpoints.gptq import load_gptq as load
     elif layout == "awq":
         from switchyard_quant.checkpoints.awq import load_awq as load
+    elif layout == "gguf":
+        from switchyard_quant.checkpoints.gguf import load_gguf as load
     else:
         from switchyard_quant.checkpoints.lowp import load_lowp as load
     return load(folder, options)
@@ -150,7 +153,8 @@ def dequantize(weight: QuantizedWeight) -> Any:
 
 @hookimpl
 def switchyard_quantization_methods() -> list[QuantizationMethod]:
-    """Declare int8, int4 (three group sizes), smoothquant, fp8 and the checkpoint methods."""
+    """Declare int8, int4 (three group sizes), smoothquant, fp8 and the checkpoint methods
+    (gptq, awq, ipex-lowp; gguf: the Q4_0 blocks a converted GGUF folder keeps)."""
     methods = [QuantizationMethod(
         name="int8",
         description="weight-only int8, symmetric, a scale per output feature (RTN at load)",
@@ -187,6 +191,14 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
             quantize=functools.partial(quantize_int4, group_size=128), dequantize=dequantize,
             load=functools.partial(load_checkpoint, layout=layout),
             config_quant_method=detected))
+    methods.append(QuantizationMethod(
+        name="gguf",
+        description="a GGUF file's Q4_0 linears as they are (uint4, zero point 8, a scale per "
+                    "32 weights: exact), the rest dequantized; chosen by itself for a GGUF "
+                    "model whose engine runs the format",
+        formats=(uint4_group_asym(32),),
+        quantize=functools.partial(quantize_int4, group_size=32), dequantize=dequantize,
+        load=functools.partial(load_checkpoint, layout="gguf"), config_quant_method="gguf"))
     return methods
 
 

@@ -10,5 +10,7 @@ refused with a ``CheckpointError`` naming the file and tensor.
 - :mod:`.folder`: the folder's safetensors and config.json, nibble unpacking,
   mapping group sizes onto the format's;
 - :mod:`.gptq`, :mod:`.awq`, :mod:`.lowp`: one reader per layout;
+- :mod:`.gguf`: the Q4_0 blocks a folder converted from a GGUF file keeps
+  (``switchyard_spec.GGUF_BLOCKS_FILE``), as ``uint4_group_asym(32)``;
 - :mod:`.writer`: ``switchyard quantize`` (RTN into a GPTQ folder).
 """
