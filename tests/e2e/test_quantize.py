@@ -32,7 +32,8 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
     log = str(failed.value)
     assert "--quantize 'bitnet': no installed plugin declares that quantization method" in log
     uint4 = "uint4-group128-asym/uint4-group64-asym/uint4-group32-asym"
-    assert (f"engine 'xeon' can run: awq ({uint4}), fp8 (fp8-e4m3-per-tensor), gptq ({uint4}), "
+    assert (f"engine 'xeon' can run: awq ({uint4}), fp8 (fp8-e4m3-per-tensor), gguf "
+            f"(uint4-group32-asym), gptq ({uint4}), "
             "int4 (uint4-group128-asym), "
             "int4-g32 (uint4-group32-asym), int4-g64 (uint4-group64-asym), int8 "
             f"(int8-per-channel), ipex-lowp ({uint4}), smoothquant "
@@ -196,3 +197,42 @@ def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
         start_server(model_cache, tmp_path, "--model-id", str(folder), "--quantize", "int8",
                      timeout=120)
     assert "already quantized with 'gptq'" in str(refused.value)
+
+
+def test_a_q4_0_gguf_file_serves_its_blocks_as_they_are_to_both_clients(model_cache, tmp_path):
+    """``serve --model-id FILE.gguf`` without ``--quantize``: the gateway finds the GGUF blocks
+    the conversion kept and serves them with ``--quantize gguf`` (uint4, exactly the file's
+    weights); in fp32 the TGI client's greedy tokens are transformers' on the dequantized
+    weights, token for token, and the OpenAI SDK's text is theirs. The default model re-encoded
+    in Q4_0 (``tests/gguf_files.py``)."""
+    from switchyard.models.gguf import ensure_gguf_model
+
+    from tests.gguf_files import smollm2_q4_0
+
+    if not load_kernels().quant_fma:
+        pytest.skip(f"no AVX2 + FMA quantized panels here ({load_kernels().reason})")
+    gguf = smollm2_q4_0(model_cache)
+    folder = ensure_gguf_model(gguf, model_cache)  # what the server finds
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+    want = out[0, ids.shape[1]:].tolist()
+    live = start_server(model_cache, tmp_path, "--model-id", str(gguf), "--dtype", "float32",
+                        "--engine-option", "num_threads=1",
+                        env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
+    try:
+        response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
+        assert [t.id for t in response.details.tokens] == want
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
+        completion = client.completions.create(model=str(gguf), prompt=PROMPT,
+                                               max_tokens=NEW_TOKENS, temperature=0)
+        assert completion.choices[0].text == tokenizer.decode(want)
+        log = live.log()
+        assert "GGUF blocks in gguf-blocks/linears.safetensors: serving with --quantize gguf" in log
+        assert "GGUF Q4_0 blocks of 210 linears as uint4-group32-asym" in log
+        assert "linear weights: " in log and "uint4-group32-asym 75.9 MiB (120 matmuls)" in log
+    finally:
+        stop_server(live)

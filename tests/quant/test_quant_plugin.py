@@ -23,13 +23,14 @@ def test_importing_the_hooks_imports_no_torch():
 
 def test_it_declares_int8_and_three_int4_group_sizes():
     methods = {m.name: m for m in plugin.switchyard_quantization_methods()}
-    assert sorted(methods) == ["awq", "fp8", "gptq", "int4", "int4-g32", "int4-g64", "int8",
-                               "ipex-lowp", "smoothquant"]
+    assert sorted(methods) == ["awq", "fp8", "gguf", "gptq", "int4", "int4-g32", "int4-g64",
+                               "int8", "ipex-lowp", "smoothquant"]
     # Checkpoint methods read weights (load); the RTN ones quantize them.
     assert [n for n, m in sorted(methods.items()) if m.load is not None] == [
-        "awq", "gptq", "ipex-lowp"]
-    assert (methods["gptq"].config_quant_method, methods["awq"].config_quant_method) == (
-        "gptq", "awq")
+        "awq", "gguf", "gptq", "ipex-lowp"]
+    assert [methods[n].config_quant_method for n in ("gptq", "awq", "gguf")] == [
+        "gptq", "awq", "gguf"]
+    assert methods["gguf"].formats == (uint4_group_asym(32),)
     assert methods["int8"].formats == (INT8_PER_CHANNEL,)
     for name, group in (("int4", 128), ("int4-g64", 64), ("int4-g32", 32)):
         assert methods[name].formats == (uint4_group_asym(group),)
