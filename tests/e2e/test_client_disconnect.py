@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import time
 
 import httpx
@@ -23,10 +22,10 @@ from tests.conftest import LiveServer
 from tests.e2e.abandoned import (
     CHAT,
     COMPLETION,
-    MAX_NEW,
     TGI,
     abandon,
     dropped_lines,
+    request_lines,
     wait_until_idle,
 )
 
@@ -69,16 +68,6 @@ def _drop_stream(live: LiveServer, path: str, body: dict[str, object]) -> None:
         assert received.startswith(b"HTTP/1.1 200")
 
 
-def _new_request_lines(live: LiveServer, start: int, count: int) -> list[str]:
-    """Wait for `count` request log lines after offset `start` of the log."""
-    deadline = time.monotonic() + 30
-    while True:
-        lines = [line for line in live.log()[start:].splitlines() if "switchyard.request" in line]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.1)
-
-
 def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
     before = _failures(server)
     start = len(server.log())
@@ -88,7 +77,7 @@ def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
                                              "stream": True})
     _drop_stream(server, "/generate_stream", {"inputs": "hello",
                                               "parameters": {"max_new_tokens": 400}})
-    lines = _new_request_lines(server, start, 4)
+    lines = request_lines(server, start, 4)
     assert len(lines) == 4, server.log()[start:]
     assert all("error=dropped" in line and "WARNING" in line for line in lines), lines
     statuses = sorted(int(line.split("switchyard.request: POST ")[1].split()[1]) for line in lines)

@@ -313,14 +313,9 @@ def _open(choice: isa.Choice) -> tuple[isa.Variant, str] | str:
         f"{choice.variant.name} was not built; the best built level this CPU runs")
     path = isa.library_path(variant, _FOLDER)
     assert path is not None
-    short = _truncated(path)
-    if short:
-        return f"native kernels for {variant.name} not used: {path.name} {short}"
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"native kernels for {variant.name} did not load ({first[:200]})"
+    failed = _load_library(path)
+    if failed:
+        return f"native kernels for {variant.name} not used: {failed}"
     ops = torch.ops.switchyard_xeon
     built_isa, built_from = ops.build_isa(), ops.build_source_hash()
     if built_isa != variant.name:
@@ -334,17 +329,26 @@ def _open(choice: isa.Choice) -> tuple[isa.Variant, str] | str:
 def _open_override(path: Path, best: isa.Variant) -> tuple[isa.Variant, str] | str:
     """Open ``SWITCHYARD_XEON_LIBRARY`` (it must come from these sources; the CPU's best
     level stands for it in what the engine decides)."""
-    short = _truncated(path)
-    if short:
-        return f"native kernels: {LIBRARY_ENV}={path} not used: {short}"
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError) as exc:
-        return f"native kernels: {LIBRARY_ENV}={path} did not load ({str(exc)[:200]})"
+    failed = _load_library(path)
+    if failed:
+        return f"native kernels: {LIBRARY_ENV} not used: {failed}"
     ops = torch.ops.switchyard_xeon
     if ops.build_source_hash() != isa.source_hash(_FOLDER):
         return f"native kernels: {LIBRARY_ENV}={path} was built from other sources"
     return best, f"{LIBRARY_ENV}={path}, built as {ops.build_isa()}"
+
+
+def _load_library(path: Path) -> str:
+    """Open the library at `path` into this process; why not, or '' when it loaded."""
+    short = _truncated(path)
+    if short:
+        return f"{path.name} {short}"
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"{path.name} did not load ({first[:200]})"
+    return ""
 
 
 _ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
