@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.e2e.abandoned import (
+from tests.support.abandoned import (
     CHAT,
     COMPLETION,
     TGI,

@@ -28,7 +28,7 @@ from text_generation import Client
 from text_generation.errors import GenerationError
 
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.e2e.abandoned import CHAT, COMPLETION, abandon, dropped_lines, wait_until_idle
+from tests.support.abandoned import CHAT, COMPLETION, abandon, dropped_lines, wait_until_idle
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time"]
 LIMITS = "max_total_tokens = 512\nmax_input_tokens = 400\n"
