@@ -37,7 +37,12 @@ from switchyard_spec import Constraint, ConstraintKind
 
 from switchyard.engine.ebnf_bounds import chain_rules
 from switchyard.engine.grammar import json_schema_ebnf
-from switchyard.engine.number_bounds import NumberBoundsError
+from switchyard.engine.number_bounds import (
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    SCHEMA_ONE,
+    NumberBoundsError,
+)
 from switchyard.errors import validation_error
 from switchyard.text.tool_calls import ToolFormat
 
@@ -59,14 +64,6 @@ IGNORED_KEYWORDS = (
 """Schema keywords xgrammar 0.2 accepts but does not (or not always) enforce: a
 schema with one is refused rather than answered with text that may violate it."""
 
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
-                   "dependentSchemas")
-_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "contains", "not", "if",
-                  "then", "else", "unevaluatedItems", "unevaluatedProperties",
-                  "additionalItems")
-
-
 def _unsupported(schema: Any, where: str = "#") -> str | None:
     """The first unenforced keyword in ``schema`` and where it is, or None."""
     if not isinstance(schema, dict):
@@ -77,21 +74,21 @@ def _unsupported(schema: Any, where: str = "#") -> str | None:
     if ("pattern" in schema or "format" in schema) and (
             "minLength" in schema or "maxLength" in schema):
         return f"`minLength`/`maxLength` together with `pattern` or `format` (at {where})"
-    for key in _SUBSCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         value = schema.get(key)
         if isinstance(value, dict):
             for name, sub in value.items():
                 found = _unsupported(sub, f"{where}/{key}/{name}")
                 if found:
                     return found
-    for key in _SUBSCHEMA_LISTS:
+    for key in SCHEMA_LISTS:
         value = schema.get(key)
         if isinstance(value, list):
             for i, sub in enumerate(value):
                 found = _unsupported(sub, f"{where}/{key}/{i}")
                 if found:
                     return found
-    for key in _SUBSCHEMA_ONE:
+    for key in SCHEMA_ONE:
         value = schema.get(key)
         if isinstance(value, list):  # draft-4 style tuple `items`
             for i, sub in enumerate(value):
@@ -114,12 +111,12 @@ def _subschemas(schema: Any, where: str = "#") -> Any:
     if not isinstance(schema, dict):
         return
     yield schema, where
-    for key in _SUBSCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         value = schema.get(key)
         if isinstance(value, dict):
             for name, sub in value.items():
                 yield from _subschemas(sub, f"{where}/{key}/{name}")
-    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMA_ONE):
+    for key in (*SCHEMA_LISTS, *SCHEMA_ONE):
         value = schema.get(key)
         if isinstance(value, list):
             for i, sub in enumerate(value):

@@ -35,13 +35,6 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
           "required": ["n", "b"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(str(default_model_path))
-
-
 def _request(constraint: Constraint, eos: tuple[int, ...] = (2,), do_sample=False,
              seed=None) -> EngineRequest:
     return EngineRequest(request_id="r", prompt_token_ids=(1, 5, 6),

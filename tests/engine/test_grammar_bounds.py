@@ -43,19 +43,6 @@ STRING_BOUNDS = [(0, 0), (0, 1), (0, 5), (2, 5), (4, 4), (3, None), (1, None)]
 ALPHABET = ["a", "Z", "7", " ", "é", "€", "😀", "\t", "\n", "\x1b", "\x7f", '"', "\\", "/"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(str(default_model_path))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
-    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-
-
 def _canonical(schema: dict) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 

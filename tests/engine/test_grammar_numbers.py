@@ -64,19 +64,6 @@ CITY = {"type": "object", "properties": {"city": {"type": "string"},
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(str(default_model_path))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
-    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-
-
-@pytest.fixture(scope="module")
 def pieces(tokenizer):
     """Each ASCII token's text and id (for random splits of a text into tokens)."""
     out: dict[str, int] = {}

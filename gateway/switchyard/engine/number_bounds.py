@@ -62,12 +62,16 @@ class NumberBoundsError(ValueError):
 
 # ------------------------------------------------------------------ the schema
 
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
-                "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "contains", "not", "if",
-               "then", "else", "unevaluatedItems", "unevaluatedProperties",
-               "additionalItems")
+# Where a JSON schema holds subschemas (also walked by switchyard.constraints).
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+               "dependentSchemas")
+"""Keywords whose value maps names to subschemas."""
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+"""Keywords whose value is a list of subschemas."""
+SCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "contains", "not", "if",
+              "then", "else", "unevaluatedItems", "unevaluatedProperties",
+              "additionalItems")
+"""Keywords whose value is one subschema (or a boolean)."""
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
@@ -119,12 +123,12 @@ def bounded_schema(schema: Any, where: str = "#") -> Any:
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         value = schema.get(key)
         if isinstance(value, dict):
             out[key] = {name: bounded_schema(sub, f"{where}/{key}/{name}")
                         for name, sub in value.items()}
-    for key in (*_SCHEMA_LISTS, *_SCHEMA_ONE):
+    for key in (*SCHEMA_LISTS, *SCHEMA_ONE):
         value = schema.get(key)
         if isinstance(value, list):
             out[key] = [bounded_schema(sub, f"{where}/{key}/{i}")
