@@ -4,12 +4,15 @@ Run with Switchyard's venv from the repository root:
 
     .venv/bin/python benchmarks/compare_peers.py --shapes small,medium --streams 1,8,32,64
 
-For each shape (random-weight models of real shapes, built by
-benchmarks/make_model.py when missing) and each peer it sends waves of N
+For each shape and each peer it sends waves of N
 concurrent greedy requests of `--prompt-tokens` prompt tokens and exactly
 `--new-tokens` new tokens (EOS ignored), and reports output tokens/s, TTFT and
 ITL (p50/p90). It also measures memory read bandwidth and sets batch-1 decode
-against the bound it implies. A peer that is not installed, fails or runs out
+against the bound it implies. Shapes: `smollm2` is the real default model,
+SmolLM2-135M-Instruct (prepared from its Q4_1 GGUF file as `switchyard serve`
+does, then rounded to bf16 once; `switchyard-gguf` and `llamacpp-gguf` serve
+the GGUF file itself); `small` and `medium` are random-weight models of real
+shapes, built by benchmarks/make_model.py when missing. A peer that is not installed, fails or runs out
 of its time budget becomes a "skipped" row with the reason; the run goes on.
 Outputs: results.md, results.json and results.png in `--out`.
 """
@@ -31,8 +34,8 @@ try:  # the whole harness builds on switchyard.bench, hence on Switchyard's venv
     import bandwidth
     import report
     from peer_llamacpp import LlamaCppPeer
-    from peers import (EnginePeer, Peer, ShapeRun, SwitchyardPeer, SwitchyardProcessPeer,
-                       SwitchyardQuantPeer, TransformersPeer, VllmPeer)
+    from peers import (EnginePeer, Peer, ShapeRun, SwitchyardGgufPeer, SwitchyardPeer,
+                       SwitchyardProcessPeer, SwitchyardQuantPeer, TransformersPeer, VllmPeer)
     from results import Point, skipped
     from switchyard.bench.prompts import corpus_words, local_builder
 except ImportError as exc:
@@ -40,8 +43,12 @@ except ImportError as exc:
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("switchyard", "switchyard-process", "switchyard-int8", "switchyard-int4",
-         "switchyard-fp8", "switchyard-smoothquant", "switchyard-engine", "hf-generate",
-         "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16")
+         "switchyard-fp8", "switchyard-smoothquant", "switchyard-gguf", "switchyard-engine",
+         "hf-generate", "hf-generate-batch", "vllm", "llamacpp", "llamacpp-bf16",
+         "llamacpp-gguf")
+SHAPES = ("smollm2", "small", "medium")
+REAL_SHAPE = "smollm2"
+"""The shape that is a trained model: the default model, not built by make_model.py."""
 MAKE_MODEL = HERE / "make_model.py"
 # --quick: a smoke run that proves every path works in a few minutes, not a measurement.
 QUICK = {"shapes": "small", "streams": "1,2", "prompt_tokens": 16, "new_tokens": 8,
@@ -73,7 +80,7 @@ def resolve_dtype(choice: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Options; those left out take the --quick or the full-run default."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", help="small, medium (default: both)")
+    p.add_argument("--shapes", help=f"{', '.join(SHAPES)} (default: small,medium)")
     p.add_argument("--streams", help="concurrent streams per wave (default: 1,8,32,64)")
     p.add_argument("--prompt-tokens", type=int, help="tokens per prompt (default: 128)")
     p.add_argument("--new-tokens", type=int, help="tokens generated per request (default: 128)")
@@ -81,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny smoke-run settings")
     p.add_argument("--models-dir", type=Path, default=Path("/tmp/bench-models"),
-                   help="where the shapes' model folders are (built when missing)")
+                   help="where the shapes' model folders are (built when missing; the "
+                        "smollm2 source lives in Switchyard's model cache)")
     p.add_argument("--make-model", type=Path, default=MAKE_MODEL, help="make_model.py to use")
     p.add_argument("--peer-timeout", type=float,
                    help="seconds per peer and shape, start-up included (default: 1800)")
@@ -117,12 +125,14 @@ def make_peers(names: list[str], args: argparse.Namespace) -> list[Peer]:
         "switchyard-fp8": lambda: SwitchyardQuantPeer("fp8", args.switchyard_args),
         "switchyard-smoothquant": lambda: SwitchyardQuantPeer("smoothquant",
                                                               args.switchyard_args),
+        "switchyard-gguf": lambda: SwitchyardGgufPeer(args.switchyard_args),
         "switchyard-engine": EnginePeer,
         "hf-generate": lambda: TransformersPeer("generate"),
         "hf-generate-batch": lambda: TransformersPeer("generate_batch"),
         "vllm": lambda: VllmPeer(args.vllm_args),
         "llamacpp": lambda: LlamaCppPeer(args.dtype),
         "llamacpp-bf16": lambda: LlamaCppPeer("bfloat16", name="llamacpp-bf16"),
+        "llamacpp-gguf": lambda: LlamaCppPeer("stored", name="llamacpp-gguf"),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:
@@ -137,7 +147,11 @@ def ensure_model(shape: str, args: argparse.Namespace) -> Path:
     once, in a folder of its own (`<shape>-bf16`).
     """
     folder = args.models_dir / shape
-    if not (folder / "config.json").exists():
+    if shape == REAL_SHAPE:
+        from switchyard.models.default_model import ensure_default_model
+
+        folder = ensure_default_model()
+    elif not (folder / "config.json").exists():
         print(f"building the {shape} model into {args.models_dir} ...", flush=True)
         subprocess.run([sys.executable, str(args.make_model), shape, "--out",
                         str(args.models_dir)], check=True)
@@ -159,7 +173,10 @@ def save_bf16_copy(source: Path, target: Path) -> None:
 
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(source, partial, ignore=shutil.ignore_patterns("*.safetensors"))
+    # A converted GGUF folder's kept blocks would make Switchyard serve them as
+    # they are; the bf16 copy is plain bf16 for every peer.
+    shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
+        "*.safetensors", "switchyard-gguf.json", "gguf-blocks"))
     for weights in source.glob("*.safetensors"):
         tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t
                    for name, t in load_file(weights).items()}
@@ -243,8 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memory read bandwidth: {run_report.bandwidth.read_gbs:.1f} GB/s", flush=True)
     except Exception as exc:  # noqa: BLE001 - no bound then, but the comparison still runs
         print(f"bandwidth measurement failed: {exc}", flush=True)
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        sys.exit(f"unknown shapes {unknown}; choose from {', '.join(SHAPES)}")
     for shape in shapes:
         model_dir = ensure_model(shape, args)
+        gguf = None
+        if shape == REAL_SHAPE:
+            from switchyard.models.default_model import ensure_default_gguf
+
+            gguf = ensure_default_gguf()
         if run_report.bandwidth is not None:
             run_report.bounds[shape] = bandwidth.decode_bound(
                 model_dir, run_report.bandwidth, args.prompt_tokens, args.new_tokens,
@@ -257,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                                  prompts_file=prompts_file, prompt_tokens=args.prompt_tokens,
                                  new_tokens=args.new_tokens, streams=streams, out_dir=args.out,
                                  budget_s=args.peer_timeout, start_timeout_s=args.start_timeout,
-                                 threads=args.threads, dtype=args.dtype)
+                                 threads=args.threads, dtype=args.dtype, gguf=gguf)
             for point in run_peer(peer, shape_run):
                 run_report.points.append(point)
                 rate = point.output_tokens_per_s

@@ -2,7 +2,8 @@
 
 The HF folder is converted once per shape and dtype to a GGUF with llama.cpp's
 own converter (bf16 for bfloat16, f32 for float32; kept in `<out>/gguf/` as
-`<shape>-<outtype>.gguf`, so both are cached side by side). Batch 1 runs
+`<shape>-<outtype>.gguf`, so both are cached side by side); `stored` serves
+the shape's own GGUF file instead (the real model's Q4_1 file). Batch 1 runs
 in-process (`Llama.generate`, no HTTP in the way); more streams go through the
 package's OpenAI-compatible server, which serves one request at a time: its
 rows show what a llama.cpp Python deployment does under concurrent load, not
@@ -23,6 +24,8 @@ SOURCE = VENV / "llama.cpp"
 """vendor/llama.cpp of the sdist, linked here by benchmarks/setup_peers.sh."""
 OUTTYPES = {"bfloat16": "bf16", "float32": "f32"}
 """GGUF converter `--outtype` for each torch dtype name."""
+STORED = "stored"
+"""Not a converter type: serve the shape's own GGUF file (``ShapeRun.gguf``)."""
 
 
 class LlamaCppPeer(ServerPeer):
@@ -33,8 +36,9 @@ class LlamaCppPeer(ServerPeer):
 
     def __init__(self, dtype: str = "bfloat16", name: str = "llamacpp") -> None:
         self.name = name
-        self.outtype = OUTTYPES[dtype]
-        self.note = (f"{self.outtype} GGUF; 1 stream in-process, more through llama_cpp.server "
+        self.outtype = STORED if dtype == STORED else OUTTYPES[dtype]
+        kind = "the GGUF file as shipped" if self.outtype == STORED else f"{self.outtype} GGUF"
+        self.note = (f"{kind}; 1 stream in-process, more through llama_cpp.server "
                      "(one request at a time)")
         self.gguf: Path | None = None
 
@@ -46,7 +50,11 @@ class LlamaCppPeer(ServerPeer):
         return None
 
     def _convert(self, run: ShapeRun) -> Path:
-        """The shape's GGUF, converted on first use."""
+        """The shape's GGUF, converted on first use (or its own file, for `stored`)."""
+        if self.outtype == STORED:
+            if run.gguf is None:
+                raise RuntimeError(f"the {run.shape} shape has no GGUF source")
+            return run.gguf
         # Named by the model folder: a bf16 and an fp32 checkpoint of a shape differ.
         gguf = run.out_dir / "gguf" / f"{run.model_dir.name}-{self.outtype}.gguf"
         if not gguf.exists():

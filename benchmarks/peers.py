@@ -51,6 +51,9 @@ class ShapeRun:
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     dtype: str = "bfloat16"
     """torch dtype name every peer runs in: "bfloat16" or "float32"."""
+    gguf: Path | None = None
+    """The GGUF file the shape's weights came from (the real model), for the peers
+    that serve that file as it is; None for the random-weight shapes."""
 
     def __post_init__(self) -> None:
         self.deadline = time.monotonic() + self.budget_s
@@ -177,6 +180,20 @@ class SwitchyardQuantPeer(SwitchyardPeer):
             return (f"--quantize {self.method} runs on AVX512_BF16 or AVX2 + FMA kernels, "
                     f"which this CPU lacks")
         return super().unavailable()
+
+
+class SwitchyardGgufPeer(SwitchyardPeer):
+    """`switchyard serve --model-id FILE.gguf`: the shape's GGUF file, blocks served as stored."""
+
+    name = "switchyard-gguf"
+    note = "the GGUF file itself (its Q4 blocks as uint4 where they map exactly)"
+
+    def command(self, run: ShapeRun, port: int) -> tuple[list[str], dict[str, str]]:
+        if run.gguf is None:
+            raise RuntimeError(f"the {run.shape} shape has no GGUF source")
+        argv, env = super().command(run, port)
+        argv[argv.index("--model-id") + 1] = str(run.gguf)
+        return argv, env
 
 
 class VllmPeer(ServerPeer):

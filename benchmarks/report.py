@@ -21,7 +21,7 @@ class RunReport(msgspec.Struct, kw_only=True):
     points: list[Point] = []
 
 
-BYTES_DIVISOR = {"int8": 2, "smoothquant": 2, "int4": 4}
+BYTES_DIVISOR = {"int8": 2, "smoothquant": 2, "int4": 4, "gguf": 4}
 """bf16 bytes per weight over a quantized peer's, by the peer name's last part."""
 
 
@@ -62,8 +62,8 @@ def markdown(report: RunReport) -> str:
                  f"tensor, {bw.threads} threads, best of {bw.repeats}); copy "
                  f"{bw.copy_gbs:.1f} GB/s. Bound = read bandwidth / ({dtype} weights + KV "
                  "cache read per step at the mean context; int8 and smoothquant peers: "
-                 "one byte per weight, int4 peers half a byte, scales not counted). Decode "
-                 "tok/s = 1 / ITL p50."), ""]
+                 "one byte per weight, int4 and gguf (Q4 blocks) peers half a byte, scales "
+                 "not counted). Decode tok/s = 1 / ITL p50."), ""]
         rows = []
         for shape, bound in report.bounds.items():
             for p in report.points:
