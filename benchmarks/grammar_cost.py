@@ -1,6 +1,6 @@
 """What constrained decoding costs per step: bitmask fill and masking, at 1 and 32 rows.
 
-Runs `switchyard.engine.grammar.GrammarSupport.apply` (fill each constrained
+Runs `switchyard_engine.grammar.GrammarSupport.apply` (fill each constrained
 row's bitmask from its matcher, then mask the logits in place) on random
 float32 logits. Each row follows a JSON document of its own that the schema
 accepts (its tokens fed to its matcher, as sampling would), and the rows start
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from switchyard.engine.grammar import GrammarSupport
-from switchyard.engine.sampling import RowSampler
+from switchyard_engine.grammar import GrammarSupport
+from switchyard_engine.sampling import RowSampler
 from switchyard_spec import (
     Constraint,
     ConstraintKind,

@@ -1,4 +1,4 @@
-"""Median cost of one ``sample_step`` (gateway/switchyard/engine/sampling.py) for 32 rows.
+"""Median cost of one ``sample_step`` (engine/switchyard_engine/sampling.py) for 32 rows.
 
   .venv/bin/python benchmarks/sampling_cost.py
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from switchyard.engine.sampling import RowSampler, sample_step
+from switchyard_engine.sampling import RowSampler, sample_step
 from switchyard_spec import SamplingParams
 
 VOCAB = 49152

@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "gateway"))
 
-from switchyard.engine.loading import cpu_flags  # noqa: E402
+from switchyard_engine.loading import cpu_flags  # noqa: E402
 from switchyard.models.random_model import ensure_random_model  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6,

@@ -7,7 +7,7 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
   must use no keyword the grammar engine (xgrammar) would silently ignore
   (:data:`IGNORED_KEYWORDS`, and `minLength`/`maxLength` beside `pattern` or
   `format`), and must compile: the gateway builds the grammar once without a
-  tokenizer (``switchyard.engine.grammar.json_schema_ebnf``: xgrammar's
+  tokenizer (``switchyard_engine.grammar.json_schema_ebnf``: xgrammar's
   `Grammar.from_json_schema` with every number bounded, 1-5 ms for small
   schemas), the engine compiles it again for its tokenizer; a numeric range
   that no bounded number meets (an `integer` whose bounds hold no int64) is
@@ -35,9 +35,9 @@ from typing import Any
 import msgspec
 from switchyard_spec import Constraint, ConstraintKind
 
-from switchyard.engine.ebnf_bounds import chain_rules
-from switchyard.engine.grammar import json_schema_ebnf
-from switchyard.engine.number_bounds import (
+from switchyard_engine.ebnf_bounds import chain_rules
+from switchyard_engine.grammar import json_schema_ebnf
+from switchyard_engine.number_bounds import (
     SCHEMA_LISTS,
     SCHEMA_MAPS,
     SCHEMA_ONE,
@@ -52,7 +52,7 @@ MAX_GRAMMAR_BYTES = 64 * 1024
 MAX_BOUND_RULES = 256
 """Most grammar rules a schema's length bounds may add up to: each character of a
 `maxLength` (or `minLength`) and each item of a `maxItems` (or `minItems`) is one
-rule of the compiled grammar (``switchyard.engine.ebnf_bounds``), and compile time
+rule of the compiled grammar (``switchyard_engine.ebnf_bounds``), and compile time
 grows with them (~15 ms each for a 49k vocabulary on one core: a `maxLength: 256`
 string compiles in a few seconds)."""
 

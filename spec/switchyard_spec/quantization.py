@@ -270,7 +270,7 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     reads the names in ``options`` and ignores the rest. The statistics
     depend only on the model, the texts and ``max_tokens``, so an engine may
     cache them on disk keyed by those (the Xeon engine does: see
-    ``switchyard.engine.calibration``) and calibrate once per model.
+    ``switchyard_engine.calibration``) and calibrate once per model.
     ``prompts`` raises ``ValueError`` naming the file when a calibration file
     it was pointed at is unreadable or malformed; the engine turns that into
     a start-up error.

@@ -162,7 +162,7 @@ class StoppingParams(msgspec.Struct, frozen=True, kw_only=True):
     ``min_new_tokens`` (the text is complete and valid; nothing else could
     follow it). Where the grammar allows EOS among other tokens, EOS is masked
     and the text goes on within the grammar. No row ever goes to all -inf (no
-    NaN, no crash). The toolkit's ``switchyard.engine.sampling`` does all of
+    NaN, no crash). The toolkit's ``switchyard_engine.sampling`` does all of
     this for an engine that builds its rows with ``make_sampler``."""
 
 
@@ -451,4 +451,4 @@ class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Whether the engine honours ``EngineRequest.constraint`` (structured output).
     The gateway refuses a request with a grammar or a JSON ``response_format`` for
     a model whose engine does not, with a 422, rather than return unconstrained
-    text. The toolkit's ``switchyard.engine.grammar`` does the masking."""
+    text. The toolkit's ``switchyard_engine.grammar`` does the masking."""

@@ -120,7 +120,7 @@ def test_openai_json_object_and_errors(server):
 
 
 # A model that keeps writing digits: every JSON number the grammar admits is bounded
-# (switchyard.engine.number_bounds), so the value, and the JSON, must close.
+# (switchyard_engine.number_bounds), so the value, and the JSON, must close.
 NUMBERS = {"type": "object", "properties": {"population": {"type": "integer"},
                                             "area": {"type": "number"}},
            "required": ["population", "area"], "additionalProperties": False}

@@ -1,4 +1,4 @@
-"""switchyard.engine.loading: dtype choice, clear start errors, ModelInfo, and no model
+"""switchyard_engine.loading: dtype choice, clear start errors, ModelInfo, and no model
 served with weights its checkpoint does not have."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from switchyard.engine.loading import cpu_flags, load_causal_lm, resolve_dtype
+from switchyard_engine.loading import cpu_flags, load_causal_lm, resolve_dtype
 from switchyard_spec import EngineStartError
 from tests.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
 

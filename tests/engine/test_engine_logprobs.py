@@ -1,10 +1,10 @@
-"""switchyard.engine.logprobs: scoring given tokens under raw logits."""
+"""switchyard_engine.logprobs: scoring given tokens under raw logits."""
 
 from __future__ import annotations
 
 import torch
 
-from switchyard.engine.logprobs import token_logprobs
+from switchyard_engine.logprobs import token_logprobs
 
 
 def test_matches_log_softmax_in_chunks_and_dtypes():

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
 
-from switchyard.engine.admission import make_sampler, request_problem
-from switchyard.engine.sampling import RowSampler, apply_eos_holds, sample_step
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.admission import make_sampler, request_problem
+from switchyard_engine.sampling import RowSampler, apply_eos_holds, sample_step
+from switchyard_engine.watermark import WatermarkConfig
 from switchyard.engine_process.wire import Connection, Events, Submit, ToChild, ToParent
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams, TokenEvent
 

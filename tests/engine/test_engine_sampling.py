@@ -1,4 +1,4 @@
-"""switchyard.engine.sampling on synthetic logits, checked against transformers' processors."""
+"""switchyard_engine.sampling on synthetic logits, checked against transformers' processors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from switchyard.engine.sampling import (
+from switchyard_engine.sampling import (
     RowSampler,
     apply_logit_bias,
     apply_penalties,
@@ -22,8 +22,8 @@ from switchyard.engine.sampling import (
     sample_step,
     warp,
 )
-from switchyard.engine.topk_filter import filter_candidates
-from switchyard.engine.watermark import WatermarkConfig, greenlist
+from switchyard_engine.topk_filter import filter_candidates
+from switchyard_engine.watermark import WatermarkConfig, greenlist
 from switchyard_spec import SamplingParams
 
 V = 64
@@ -411,7 +411,7 @@ def test_draws_follow_the_kept_softmax(head, tail, params, bins, refiltered):
 
 def test_inverse_cdf_never_lands_on_a_zero_probability_token():
     """A uniform rounded up to the total mass still picks the last kept token."""
-    from switchyard.engine.inverse_cdf import inverse_cdf
+    from switchyard_engine.inverse_cdf import inverse_cdf
 
     probs = torch.tensor([[0.5, 0.0, 0.5, 0.0, 0.0], [0.0, 0.25, 0.75, 0.0, 0.0]])
     ones = torch.ones(2, dtype=torch.float64)
@@ -451,7 +451,7 @@ def test_seeded_rows_ignore_batch_mates_on_a_large_vocabulary():
 
 def test_inverse_cdf_by_blocks_matches_one_running_sum():
     """A whole vocabulary is searched block by block; the pick is the one-pass pick."""
-    from switchyard.engine.inverse_cdf import inverse_cdf
+    from switchyard_engine.inverse_cdf import inverse_cdf
 
     gen = torch.Generator().manual_seed(13)
     for vocab in (2049, 5000, 49152):

@@ -1,4 +1,4 @@
-"""switchyard.engine.topk_filter: the candidate filter keeps exactly what a full sort keeps.
+"""switchyard_engine.topk_filter: the candidate filter keeps exactly what a full sort keeps.
 
 The full sort here is the project's former filter; the comparison with transformers'
 own warpers at a real vocabulary size, with its stated tolerance at the top-p cut, is
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from switchyard.engine.sampling import warp
-from switchyard.engine.topk_filter import CANDIDATES, filter_candidates
+from switchyard_engine.sampling import warp
+from switchyard_engine.topk_filter import CANDIDATES, filter_candidates
 from switchyard_spec import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -197,7 +197,7 @@ def test_top_p_at_the_full_sorts_own_rounded_mass():
 
 def test_a_nucleus_beyond_the_candidates_needs_no_sort_of_ids(monkeypatch):
     """Rows whose nucleus outgrows the candidates are refiltered from their sorted values."""
-    import switchyard.engine.topk_filter as topk_filter
+    import switchyard_engine.topk_filter as topk_filter
 
     sorted_rows: list[torch.Tensor] = []
     real = topk_filter.filter_exact

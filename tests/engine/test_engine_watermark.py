@@ -1,4 +1,4 @@
-"""switchyard.engine.watermark against TGI's watermark, stated in ``tgi_watermark.py``.
+"""switchyard_engine.watermark against TGI's watermark, stated in ``tgi_watermark.py``.
 
 The statement there is written from TGI's processor (hash key, gamma and delta and
 their environment variables, seeding, green list, bias), not from our module; the
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from switchyard.engine.sampling import RowSampler, apply_watermarks
-from switchyard.engine.watermark import (
+from switchyard_engine.sampling import RowSampler, apply_watermarks
+from switchyard_engine.watermark import (
     WatermarkConfig,
     apply_watermark,
     greenlist,

@@ -1,4 +1,4 @@
-"""The grammar toolkit (switchyard.engine.grammar) against xgrammar's own matcher.
+"""The grammar toolkit (switchyard_engine.grammar) against xgrammar's own matcher.
 
 Tiny tokenizer: the default model's byte-level BPE (2,048 tokens).
 """
@@ -12,14 +12,14 @@ import torch
 
 xgr = pytest.importorskip("xgrammar")
 
-from switchyard.engine.grammar import (  # noqa: E402
+from switchyard_engine.grammar import (  # noqa: E402
     GrammarSupport,
     compile_grammar,
     token_penalties,
 )
-from switchyard.engine.lifecycle import finish_reason  # noqa: E402
-from switchyard.engine.sampling import RowSampler, sample  # noqa: E402
-from switchyard.engine.sequence import BaseSequence  # noqa: E402
+from switchyard_engine.lifecycle import finish_reason  # noqa: E402
+from switchyard_engine.sampling import RowSampler, sample  # noqa: E402
+from switchyard_engine.sequence import BaseSequence  # noqa: E402
 from switchyard_spec import (  # noqa: E402
     Constraint,
     ConstraintKind,

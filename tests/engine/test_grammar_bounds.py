@@ -1,4 +1,4 @@
-"""Length and count bounds (switchyard.engine.ebnf_bounds) against xgrammar's own grammar
+"""Length and count bounds (switchyard_engine.ebnf_bounds) against xgrammar's own grammar
 and `jsonschema`, and constrained generation with them from a tiny random model.
 
 xgrammar 0.2.8 writes `maxLength`/`maxItems` as bounded repetitions that cost
@@ -27,9 +27,9 @@ from switchyard.constraints import (
     schema_constraint,
     tgi_constraint,
 )
-from switchyard.engine.ebnf_bounds import chain_rules
-from switchyard.engine.grammar import GrammarSupport, json_schema_ebnf
-from switchyard.engine.sampling import RowSampler, sample
+from switchyard_engine.ebnf_bounds import chain_rules
+from switchyard_engine.grammar import GrammarSupport, json_schema_ebnf
+from switchyard_engine.sampling import RowSampler, sample
 from switchyard.errors import ApiError
 from switchyard_spec import (
     Constraint,

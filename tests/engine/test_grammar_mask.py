@@ -1,4 +1,4 @@
-"""Masking logits with grammar bitmasks (switchyard.engine.grammar.mask_logits and
+"""Masking logits with grammar bitmasks (switchyard_engine.grammar.mask_logits and
 GrammarSupport.apply) against a reference built independently: xgrammar's own
 bitmask, read bit by bit and applied by a plain PyTorch loop.
 
@@ -14,9 +14,9 @@ import torch
 
 xgr = pytest.importorskip("xgrammar")
 
-from switchyard.engine import grammar
-from switchyard.engine.grammar import GrammarSupport, compile_grammar, mask_logits
-from switchyard.engine.sampling import RowSampler
+from switchyard_engine import grammar
+from switchyard_engine.grammar import GrammarSupport, compile_grammar, mask_logits
+from switchyard_engine.sampling import RowSampler
 from switchyard_spec import (
     Constraint,
     ConstraintKind,

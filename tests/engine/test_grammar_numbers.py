@@ -1,4 +1,4 @@
-"""Bounded numbers (switchyard.engine.number_bounds): every JSON number a constrained
+"""Bounded numbers (switchyard_engine.number_bounds): every JSON number a constrained
 grammar admits ends, so a model that keeps taking digit tokens is made to close it.
 
 Each text is checked twice: by xgrammar's matcher, and token by token through the
@@ -32,12 +32,12 @@ from switchyard.constraints import (  # noqa: E402
     tool_function,
     tools_constraint,
 )
-from switchyard.engine.grammar import (  # noqa: E402
+from switchyard_engine.grammar import (  # noqa: E402
     GrammarSupport,
     compile_grammar,
     json_schema_ebnf,
 )
-from switchyard.engine.number_bounds import (  # noqa: E402
+from switchyard_engine.number_bounds import (  # noqa: E402
     INTEGER_MAX,
     INTEGER_MIN,
     NUMBER_EXPONENT_DIGITS,
@@ -45,7 +45,7 @@ from switchyard.engine.number_bounds import (  # noqa: E402
     NUMBER_INTEGER_DIGITS,
     bounded_schema,
 )
-from switchyard.engine.sampling import RowSampler, sample  # noqa: E402
+from switchyard_engine.sampling import RowSampler, sample  # noqa: E402
 from switchyard.errors import ApiError  # noqa: E402
 from switchyard.text.tool_calls import HERMES  # noqa: E402
 from switchyard_spec import (  # noqa: E402

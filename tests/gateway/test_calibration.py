@@ -1,11 +1,11 @@
-"""The engine toolkit's calibration (``switchyard.engine.calibration``): statistics, cache, errors."""
+"""The engine toolkit's calibration (``switchyard_engine.calibration``): statistics, cache, errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from switchyard.engine import calibration
+from switchyard_engine import calibration
 from switchyard_spec import Calibration, EngineStartError
 
 

@@ -49,7 +49,7 @@ from switchyard_spec import (
 from switchyard_xeon import plugin as xeon_plugin
 from switchyard_xeon.admission import IGNORE_EOS_ENV
 from switchyard_xeon.engine import XeonEngine
-from switchyard.engine.liveness import PROBE_PREFIX
+from switchyard_engine.liveness import PROBE_PREFIX
 from switchyard_xeon.sequence import Sequence
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from switchyard.engine.admission import request_problem
+from switchyard_engine.admission import request_problem
 from switchyard.errors import ApiError
 from switchyard.media import ImageLimits, ImageProblem, chat_images, encode_prompt
 from switchyard.media import errors as codes

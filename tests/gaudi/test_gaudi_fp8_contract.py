@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
-from switchyard.engine.calibration import cache_key, model_content_hash
+from switchyard_engine.calibration import cache_key, model_content_hash
 from switchyard_gaudi import assembly
 from switchyard_gaudi.device import Device
 from switchyard_gaudi.engine import GaudiEngine

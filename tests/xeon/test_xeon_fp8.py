@@ -149,7 +149,7 @@ def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_feature
 def test_fp8_model_logits_match_the_reference_and_what_fp8_costs(default_model_path):
     """The engine's FP8 modules (calibrated by the toolkit) against the float64 twin; and the
     error FP8 costs against fp32 and bf16 logits, printed (``-s``) for the docs."""
-    from switchyard.engine.calibration import collect_statistics
+    from switchyard_engine.calibration import collect_statistics
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()

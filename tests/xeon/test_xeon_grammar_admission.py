@@ -6,7 +6,7 @@ import re
 import threading
 
 import pytest
-from switchyard.engine.grammar import GrammarSupport
+from switchyard_engine.grammar import GrammarSupport
 from switchyard_spec import (
     Constraint,
     ConstraintKind,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchyard.engine.sampling import RowSampler
+from switchyard_engine.sampling import RowSampler
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 from switchyard_xeon.runner import plan_outputs
 from switchyard_xeon.sequence import Sequence

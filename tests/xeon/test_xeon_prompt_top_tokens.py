@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from switchyard.engine.logprobs import prompt_scores, token_logprobs
+from switchyard_engine.logprobs import prompt_scores, token_logprobs
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
 from .conftest import Collector, prompt_of

@@ -136,7 +136,7 @@ def _teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch
 
 @pytest.mark.parametrize("top_k", [0, 40])
 def test_seeded_samples_are_the_reference_draws(shared_engine, reference_model, top_k):
-    """What the sampler promises (switchyard.engine.sampling): a sampled row owns a
+    """What the sampler promises (switchyard_engine.sampling): a sampled row owns a
     ``torch.Generator`` seeded with the request's seed and draws one float64 uniform from
     it per step; the token is where the cumulative kept probabilities first pass that
     share of their total, in vocabulary order, or for a row decided on its top-k

@@ -174,7 +174,7 @@ def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
     import torch
     import transformers
 
-    from switchyard.engine.loading import check_loading_info
+    from switchyard_engine.loading import check_loading_info
 
     try:
         import gguf  # transformers' GGUF reader needs it too

@@ -1,13 +1,13 @@
 """Turning an EngineRequest into a GaudiSequence, or saying why it cannot be served.
 
-The toolkit's checks (:mod:`switchyard.engine.admission`) first, then this
+The toolkit's checks (:mod:`switchyard_engine.admission`) first, then this
 engine's own limit: a prompt longer than the last prompt bucket.
 """
 
 from __future__ import annotations
 
-from switchyard.engine.admission import make_sampler, request_problem
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.admission import make_sampler, request_problem
+from switchyard_engine.watermark import WatermarkConfig
 from switchyard_spec import EngineRequest, EventSink
 
 from switchyard_gaudi.sequence import GaudiSequence

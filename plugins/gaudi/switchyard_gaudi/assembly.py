@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import torch
-from switchyard.engine.image_features import ARCHITECTURES, load_vision_lm, vision_architecture
-from switchyard.engine.loading import checked_config, dtype_name, load_causal_lm, resolve_dtype
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.image_features import ARCHITECTURES, load_vision_lm, vision_architecture
+from switchyard_engine.loading import checked_config, dtype_name, load_causal_lm, resolve_dtype
+from switchyard_engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
 
 from switchyard_gaudi import attention, fp8, fp8_linears, tensor_parallel
@@ -135,7 +135,7 @@ def check_model(dims: ModelDims, config: EngineConfig, settings: GaudiSettings) 
 
 
 CALIBRATION_CACHE = "calibration_cache"
-"""The toolkit's option naming the calibration cache folder (switchyard.engine.calibration)."""
+"""The toolkit's option naming the calibration cache folder (switchyard_engine.calibration)."""
 
 
 def engine_options(config: EngineConfig) -> dict[str, str]:
@@ -172,7 +172,7 @@ def check_quantize(config: EngineConfig, settings: GaudiSettings) -> None:
 
 def quantize_fp8(config: EngineConfig, model: torch.nn.Module, device: Device) -> None:
     """``--quantize fp8``: calibrate ``model`` through the toolkit, then make its linears FP8."""
-    from switchyard.engine.calibration import calibrate
+    from switchyard_engine.calibration import calibrate
 
     method = config.quantization
     assert method is not None and method.calibration is not None

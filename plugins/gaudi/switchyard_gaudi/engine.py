@@ -30,9 +30,9 @@ from collections.abc import Sequence
 
 import torch
 
-from switchyard.engine.compile_hold import CompileHold
-from switchyard.engine.lifecycle import deliver, start_compute_thread
-from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
+from switchyard_engine.compile_hold import CompileHold
+from switchyard_engine.lifecycle import deliver, start_compute_thread
+from switchyard_engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard_spec import (
     Engine,
     EngineConfig,
@@ -197,7 +197,7 @@ class GaudiEngine(Engine):
         """Cheap: the loop is alive (sharded: every rank with it) and no liveness probe failed.
 
         After a failed forward step it starts a real 1-token probe in the
-        background (the toolkit's :class:`~switchyard.engine.liveness.Liveness`),
+        background (the toolkit's :class:`~switchyard_engine.liveness.Liveness`),
         whose outcome shows in later answers.
         """
         return self._loop_alive() and self._liveness.healthy()

@@ -9,8 +9,8 @@ prefix cache (every prefill computes its whole prompt into its row).
 
 from __future__ import annotations
 
-from switchyard.engine.lifecycle import deliver, finish_reason
-from switchyard.engine.sampling import SampledToken
+from switchyard_engine.lifecycle import deliver, finish_reason
+from switchyard_engine.sampling import SampledToken
 from switchyard_spec import FinishReason, TokenEvent
 
 from switchyard_gaudi.sequence import GaudiSequence

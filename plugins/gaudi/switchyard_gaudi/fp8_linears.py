@@ -5,7 +5,7 @@ that it runs it (``switchyard_gaudi.plugin.WEIGHT_FORMATS``). At start-up,
 after the weights load and before any step function is captured:
 
 1. the toolkit calibrates the float model
-   (:func:`switchyard.engine.calibration.calibrate`: every linear's input
+   (:func:`switchyard_engine.calibration.calibrate`: every linear's input
    maxima over the method's prompts, cached on disk, the same statistics and
    cache file the Xeon engine reads);
 2. every ``nn.Linear`` (the LM head included) is quantized by the method
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 import torch
 
-from switchyard.engine.fp8_records import check_fp8_weight
+from switchyard_engine.fp8_records import check_fp8_weight
 from switchyard_spec import (
     FP8_E4M3_PER_TENSOR,
     ActivationStatistics,

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from switchyard.engine.image_features import vision_architecture
+from switchyard_engine.image_features import vision_architecture
 from switchyard_spec import EngineStartError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -52,7 +52,7 @@ def serve(conn: mpc.Connection) -> int:
 
     if spec.options.num_threads:
         torch.set_num_threads(spec.options.num_threads)
-    from switchyard.engine.loading import load_causal_lm
+    from switchyard_engine.loading import load_causal_lm
 
     from switchyard_gaudi import attention
     from switchyard_gaudi.device import Device

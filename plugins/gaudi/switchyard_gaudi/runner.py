@@ -10,7 +10,7 @@ only on the shapes of the warmup plan:
 
 Padding rows feed token 0: in prefill they write to the cache's scratch row,
 in decode to free rows, and their logits are never read. Sampling and
-prompt scoring use the shared toolkit (``switchyard.engine``) on the real
+prompt scoring use the shared toolkit (``switchyard_engine``) on the real
 rows, outside the captured graphs.
 
 Sharded, every rank holds a runner over its part of the model and its own
@@ -28,9 +28,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
-from switchyard.engine.grammar import GrammarSupport, apply_grammars
-from switchyard.engine.logprobs import prompt_scores
-from switchyard.engine.sampling import RowSampler, SampledToken, sample_step
+from switchyard_engine.grammar import GrammarSupport, apply_grammars
+from switchyard_engine.logprobs import prompt_scores
+from switchyard_engine.sampling import RowSampler, SampledToken, sample_step
 from switchyard_spec import TopToken
 
 from switchyard_gaudi.attention import STEP_KWARG, StepInputs

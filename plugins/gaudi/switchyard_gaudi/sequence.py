@@ -12,7 +12,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from switchyard.engine.sequence import BaseSequence
+from switchyard_engine.sequence import BaseSequence
 
 _arrivals = itertools.count()
 

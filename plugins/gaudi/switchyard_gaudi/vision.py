@@ -2,15 +2,15 @@
 
 The model is transformers' own ``LlavaNextForConditionalGeneration`` or
 ``LlavaForConditionalGeneration``, loaded by the toolkit
-(:func:`switchyard.engine.image_features.load_vision_lm`) with the engine's
+(:func:`switchyard_engine.image_features.load_vision_lm`) with the engine's
 attention for its language model; the vision tower keeps its own.
 
 - **Prefill** (:class:`VisionRunner`): the padded ``[P, S]`` token ids are
   embedded on the device (placeholder ids included: they are in the
   vocabulary), then each sequence's images are encoded, once per image,
   and their features written over the placeholders' rows
-  (:func:`~switchyard.engine.image_features.encode_image`,
-  :func:`~switchyard.engine.image_features.place_features`). The captured
+  (:func:`~switchyard_engine.image_features.encode_image`,
+  :func:`~switchyard_engine.image_features.place_features`). The captured
   prefill takes these ``[P, S, hidden]`` input embeddings where a text
   model's takes ids, so its graph still depends on the bucket shape alone.
   The vision tower runs outside the captured graphs: Llava-Next's tile
@@ -32,7 +32,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
-from switchyard.engine.image_features import ImageFeatureError, encode_image, place_features
+from switchyard_engine.image_features import ImageFeatureError, encode_image, place_features
 
 from switchyard_gaudi.device import Device
 from switchyard_gaudi.kv_cache import StaticKVCache

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from switchyard.engine.admission import make_sampler, request_problem
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.admission import make_sampler, request_problem
+from switchyard_engine.watermark import WatermarkConfig
 from switchyard_spec import EngineConfig, EngineRequest, EngineStartError, EventSink, ModelInfo
 
 from switchyard_xeon.block_manager import blocks_for

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import msgspec
 import torch
-from switchyard.engine.loading import LoadedModel, load_causal_lm, resolve_dtype
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.loading import LoadedModel, load_causal_lm, resolve_dtype
+from switchyard_engine.watermark import WatermarkConfig
 from switchyard_spec import (
     ActivationStatistics,
     EngineConfig,
@@ -290,7 +290,7 @@ def load_model(config: EngineConfig, method: QuantizationMethod | None, precisio
     logger.info("loading %s as %s", config.model_path, str(dtype).removeprefix("torch."))
     if method is not None and method.load is not None:
         # A checkpoint method: its layers come quantized from the folder, the rest float.
-        from switchyard.engine.checkpoint import load_quantized_causal_lm
+        from switchyard_engine.checkpoint import load_quantized_causal_lm
 
         loaded, checkpoint = load_quantized_causal_lm(
             config.model_path, method, config.options,
@@ -347,7 +347,7 @@ def convert_layers(model: torch.nn.Module, config: EngineConfig,
         logger.info("mixture of experts: %s", moe_report.describe())
     statistics = None
     if method is not None and method.calibration is not None and (precision.w8a8 or precision.fp8):
-        from switchyard.engine.calibration import calibrate
+        from switchyard_engine.calibration import calibrate
 
         statistics, line = calibrate(model, config.model_path,
                                      method.calibration, config.options, method.name)

@@ -30,9 +30,9 @@ import time
 
 import msgspec
 import torch
-from switchyard.engine.compile_hold import CompileHold
-from switchyard.engine.lifecycle import deliver, start_compute_thread
-from switchyard.engine.liveness import PROBE_TIMEOUT_S, Liveness
+from switchyard_engine.compile_hold import CompileHold
+from switchyard_engine.lifecycle import deliver, start_compute_thread
+from switchyard_engine.liveness import PROBE_TIMEOUT_S, Liveness
 from switchyard_spec import (
     Engine,
     EngineConfig,

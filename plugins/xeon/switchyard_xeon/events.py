@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from switchyard.engine.lifecycle import deliver, finish_reason
-from switchyard.engine.sampling import SampledToken
+from switchyard_engine.lifecycle import deliver, finish_reason
+from switchyard_engine.sampling import SampledToken
 from switchyard_spec import FinishReason, TokenEvent, TopToken
 
 from switchyard_xeon.scheduler import Scheduler

@@ -1,7 +1,7 @@
 """FP8 E4M3 linears on the Xeon engine (``fp8-e4m3-per-tensor``), in stock PyTorch.
 
 A method declaring ``FP8_E4M3_PER_TENSOR`` (``--quantize fp8``) is calibrated
-by the toolkit (:func:`switchyard.engine.calibration.calibrate`), then every
+by the toolkit (:func:`switchyard_engine.calibration.calibrate`), then every
 ``nn.Linear`` of the model, the LM head included, becomes an
 :class:`Fp8Linear` holding only its ``float8_e4m3fn`` weight and scales.
 Each call computes the format's math:
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 
-from switchyard.engine.fp8_records import check_fp8_weight
+from switchyard_engine.fp8_records import check_fp8_weight
 from switchyard_spec import (
     FP8_E4M3_MAX,
     FP8_E4M3_PER_TENSOR,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from switchyard.engine.checkpoint import QuantizedLinear
+from switchyard_engine.checkpoint import QuantizedLinear
 from switchyard_spec import ActivationStatistics, QuantizationMethod, QuantizedWeight
 
 logger = logging.getLogger("switchyard.xeon")

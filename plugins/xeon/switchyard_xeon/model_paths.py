@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from switchyard.engine.loading import checked_config
+from switchyard_engine.loading import checked_config
 
 from switchyard_xeon import alibi_attention
 
@@ -82,7 +82,7 @@ def choose_path(model_path: str | Path, forced_fallback: bool = False) -> Forwar
     """The path of the model in ``model_path``, decided from its config and class alone.
 
     Raises :class:`~switchyard_spec.EngineStartError` (from
-    :func:`~switchyard.engine.loading.checked_config`) for folders that hold
+    :func:`~switchyard_engine.loading.checked_config`) for folders that hold
     no causal LM transformers knows: encoder-decoder models, unknown
     architectures.
     """

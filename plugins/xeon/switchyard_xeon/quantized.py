@@ -25,7 +25,7 @@ first.
   activations quantized per token (or with the layer's static scale) in the
   call, int32 sums by AMX, AVX512-VNNI, AVX2 or scalar code, whichever this
   CPU has; any x86-64 build of the kernels runs it. The method is calibrated
-  first (:func:`switchyard.engine.calibration.calibrate`).
+  first (:func:`switchyard_engine.calibration.calibrate`).
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from switchyard.engine.grammar import (
+from switchyard_engine.grammar import (
     GrammarSupport,
     apply_grammars,
     failed_state,
     model_folder,
 )
-from switchyard.engine.logprobs import prompt_scores
-from switchyard.engine.sampling import SampledToken, sample_step
+from switchyard_engine.logprobs import prompt_scores
+from switchyard_engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError, TopToken
 
 from switchyard_xeon import alibi_attention

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from switchyard.engine.sequence import BaseSequence
+from switchyard_engine.sequence import BaseSequence
 from switchyard_spec import ImageInput
 
 from switchyard_xeon.block_manager import BlockKeys

@@ -55,9 +55,9 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import torch
-from switchyard.engine import image_features
-from switchyard.engine.image_features import ARCHITECTURES, VisionArchitecture, vision_architecture
-from switchyard.engine.loading import LoadedModel, resolve_dtype
+from switchyard_engine import image_features
+from switchyard_engine.image_features import ARCHITECTURES, VisionArchitecture, vision_architecture
+from switchyard_engine.loading import LoadedModel, resolve_dtype
 from switchyard_spec import EngineStartError
 
 from switchyard_xeon.attention import STEP_KWARG

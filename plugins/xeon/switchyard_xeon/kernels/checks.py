@@ -331,10 +331,10 @@ def check_w8a8() -> str:
 
 def check_token_mask(mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], list[int]]
                      ) -> str:
-    """Compare the native grammar mask with :func:`switchyard.engine.grammar.mask_logits`
+    """Compare the native grammar mask with :func:`switchyard_engine.grammar.mask_logits`
     (a vocabulary with a partial last word, bitmasks wider than the logits, rows that
     allow nothing, all, a few or most tokens); '' when they agree exactly."""
-    from switchyard.engine.grammar import mask_logits
+    from switchyard_engine.grammar import mask_logits
 
     gen = torch.Generator().manual_seed(0)
     for vocab, width in ((77, 3), (100, 5), (1000, 32)):

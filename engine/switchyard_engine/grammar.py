@@ -11,7 +11,7 @@ module, on its compute thread, with xgrammar as the grammar engine:
   keyed by ``(kind, spec)`` (the spec is canonical, so equal schemas hit).
 - :class:`GrammarState`, one per sequence: its compile (a future), then its
   matcher. ``RowSampler.record`` advances it with every accepted token, and
-  :func:`~switchyard.engine.lifecycle.finish_reason` ends the sequence when the
+  :func:`~switchyard_engine.lifecycle.finish_reason` ends the sequence when the
   matcher has terminated.
 - :meth:`GrammarSupport.apply`: before sampling, fills one preallocated bitmask
   for the constrained rows only and sets every token they may not take to -inf
@@ -39,9 +39,9 @@ import torch
 from switchyard_spec import Constraint, ConstraintKind, EngineRequest
 
 if TYPE_CHECKING:
-    from switchyard.engine.sampling import RowSampler
+    from switchyard_engine.sampling import RowSampler
 
-logger = logging.getLogger("switchyard.engine.grammar")
+logger = logging.getLogger("switchyard_engine.grammar")
 
 JSON_SEPARATORS = (",", ":")
 """Constrained JSON is compact, as OpenAI's is: no whitespace can pad it out to
@@ -63,14 +63,14 @@ def strict_json_ebnf(ebnf: str) -> str:
 
     Length bounds (`minLength`/`maxLength`, `minItems`/`maxItems`) are bounded
     repetitions that cost milliseconds per token mask: rewritten as chains of
-    rules (:func:`~switchyard.engine.ebnf_bounds.rewrite_bounds`), whose
+    rules (:func:`~switchyard_engine.ebnf_bounds.rewrite_bounds`), whose
     bounded strings take JSON's characters (escapes included, raw control
     characters not; xgrammar's own let a raw tab in, which is not JSON). Any
     bounded character rule left is narrowed the same way. The untyped values
     (`basic_array`, `basic_object`) separate items with ``", "`` whatever the
     separators asked for: made compact.
     """
-    from switchyard.engine.ebnf_bounds import rewrite_bounds
+    from switchyard_engine.ebnf_bounds import rewrite_bounds
 
     lines = []
     for line in rewrite_bounds(ebnf).replace(_LENGTH_BOUND_CHARACTER,
@@ -83,14 +83,14 @@ def strict_json_ebnf(ebnf: str) -> str:
 
 def json_schema_ebnf(schema: str) -> str:
     """The grammar of compact JSON that follows ``schema`` (canonical text), as EBNF,
-    every number in it bounded (``switchyard.engine.number_bounds``): its ranges are
+    every number in it bounded (``switchyard_engine.number_bounds``): its ranges are
     closed before xgrammar writes them, its plain numbers after.
     ``NumberBoundsError`` when a numeric range of the schema is empty."""
     import json
 
     import xgrammar as xgr
 
-    from switchyard.engine.number_bounds import bound_numbers, bounded_schema
+    from switchyard_engine.number_bounds import bound_numbers, bounded_schema
 
     closed = json.dumps(bounded_schema(json.loads(schema)), separators=(",", ":"),
                         ensure_ascii=False)  # properties keep their order

@@ -12,8 +12,8 @@ import secrets
 
 from switchyard_spec import EngineRequest
 
-from switchyard.engine.sampling import RowSampler
-from switchyard.engine.watermark import WatermarkConfig
+from switchyard_engine.sampling import RowSampler
+from switchyard_engine.watermark import WatermarkConfig
 
 
 def request_problem(request: EngineRequest, vocab_size: int,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from switchyard_spec import EngineRequest, EventSink, FinishReason, TokenEvent
 
 if TYPE_CHECKING:
-    from switchyard.engine.sampling import RowSampler
+    from switchyard_engine.sampling import RowSampler
 
 logger = logging.getLogger("switchyard.engine")
 

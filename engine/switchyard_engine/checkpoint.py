@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from switchyard.engine.loading import LoadedModel, checked_config, dtype_name, model_info, resolve_dtype
+from switchyard_engine.loading import LoadedModel, checked_config, dtype_name, model_info, resolve_dtype
 from switchyard_spec import EngineStartError, QuantizationMethod, QuantizedCheckpoint, QuantizedWeight
 
 logger = logging.getLogger("switchyard.engine")

@@ -5,7 +5,7 @@ a step at once, in this order:
 
 1. ``logit_bias``: fixed per-token offsets on the raw logits (OpenAI semantics),
 2. the watermark: ``delta`` on the previous token's green list (TGI applies it
-   before everything else it does, see :mod:`switchyard.engine.watermark`),
+   before everything else it does, see :mod:`switchyard_engine.watermark`),
 3. repetition, frequency and presence penalties,
 4. ``min_new_tokens``: while a row has generated fewer tokens than its
    ``StoppingParams.min_new_tokens``, its EOS ids go to -inf (transformers'
@@ -28,7 +28,7 @@ row of a step wants log-probabilities or alternatives, they are not computed
 at all and reported as 0.0.
 
 Top-k and top-p look at each row's few hundred best candidates, not its whole
-vocabulary (:mod:`switchyard.engine.topk_filter`), with the same kept tokens as
+vocabulary (:mod:`switchyard_engine.topk_filter`), with the same kept tokens as
 a full sort.
 
 Reproducibility: every sampled row owns a ``torch.Generator`` seeded from its
@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from switchyard.engine.inverse_cdf import inverse_cdf
-from switchyard.engine.topk_filter import Filtered, filter_candidates
-from switchyard.engine.watermark import WatermarkConfig, apply_watermark
+from switchyard_engine.inverse_cdf import inverse_cdf
+from switchyard_engine.topk_filter import Filtered, filter_candidates
+from switchyard_engine.watermark import WatermarkConfig, apply_watermark
 from switchyard_spec import SamplingParams, TopToken
 
 if TYPE_CHECKING:
-    from switchyard.engine.grammar import GrammarState
+    from switchyard_engine.grammar import GrammarState
 
 _NEG_INF = float("-inf")
 
@@ -125,7 +125,7 @@ class RowSampler:
         if min_new_tokens > 0 and eos:
             self.eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
         self.grammar: GrammarState | None = None
-        """The request's grammar (:mod:`switchyard.engine.grammar`), set by the engine
+        """The request's grammar (:mod:`switchyard_engine.grammar`), set by the engine
         for a constrained request; :meth:`record` advances it."""
 
     @property

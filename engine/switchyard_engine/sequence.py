@@ -2,7 +2,7 @@
 
 Engines subclass :class:`BaseSequence` with their own bookkeeping (the Xeon
 engine's cache progress and scheduled chunk, the Gaudi engine's cache row and
-queue timing); the shared pieces (:func:`~switchyard.engine.lifecycle.finish_reason`,
+queue timing); the shared pieces (:func:`~switchyard_engine.lifecycle.finish_reason`,
 admission checks, events) read only what is here.
 
 Pure Python: the sampler is held here, never used.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from switchyard_spec import EngineRequest, EventSink, TopToken
 
 if TYPE_CHECKING:
-    from switchyard.engine.sampling import RowSampler
+    from switchyard_engine.sampling import RowSampler
 
 
 @dataclass(eq=False)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from switchyard_spec import EngineStartError, ImageInput, ModelInfo
 
-from switchyard.engine.loading import LoadedModel, check_loading_info, dtype_name, eos_token_ids
+from switchyard_engine.loading import LoadedModel, check_loading_info, dtype_name, eos_token_ids
 
 logger = logging.getLogger("switchyard.engine")
 

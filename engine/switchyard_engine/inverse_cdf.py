@@ -1,6 +1,6 @@
 """Picking one entry per row from its probabilities and a uniform, by inverse CDF.
 
-:func:`inverse_cdf` is how :mod:`switchyard.engine.sampling` turns each sampled
+:func:`inverse_cdf` is how :mod:`switchyard_engine.sampling` turns each sampled
 row's one uniform into its token: deterministic given the row's probabilities
 and its uniform, whatever else shares the batch.
 """

@@ -34,7 +34,7 @@ are the digits of string formats (``date-time``, ``uri``) and patterns.
 :func:`bound_numbers` writes the digits as chains of rules shared by every number
 of the grammar (``json_digits_u3 ::= "" | [0-9] json_digits_u2``: up to 3 digits;
 ``json_digits_x3``: exactly 3), not as bounded repetitions, whose token masks
-cost milliseconds where they may end early (``switchyard.engine.ebnf_bounds``).
+cost milliseconds where they may end early (``switchyard_engine.ebnf_bounds``).
 Each chain rule says that no digit follows it (a lookahead): xgrammar then
 decides when compiling which digit tokens would run past the bound, and a token
 mask inside a number costs what it did unbounded (a few microseconds); the

@@ -1,6 +1,6 @@
 """Constrained sequences held out of an engine's queue while their grammar compiles.
 
-A grammar compiles in a worker thread (:mod:`switchyard.engine.grammar`). Had
+A grammar compiles in a worker thread (:mod:`switchyard_engine.grammar`). Had
 its sequence entered a step before the compile finished, that step, and every
 sequence in it, would wait. So an engine admits a constrained sequence into
 this hold, starts its compile, and moves it to its scheduler once the
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from switchyard.engine.grammar import grammar_settled
-from switchyard.engine.sequence import BaseSequence
+from switchyard_engine.grammar import grammar_settled
+from switchyard_engine.sequence import BaseSequence
 
 S = TypeVar("S", bound=BaseSequence)
 
