@@ -38,65 +38,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from switchyard_spec import Constraint, ConstraintKind, EngineRequest
 
+# The grammar's text is torch-free, so the gateway checks schemas with the same code.
+from switchyard_engine.grammar_text import json_schema_ebnf
+
 if TYPE_CHECKING:
     from switchyard_engine.sampling import RowSampler
 
 logger = logging.getLogger("switchyard_engine.grammar")
 
-JSON_SEPARATORS = (",", ":")
-"""Constrained JSON is compact, as OpenAI's is: no whitespace can pad it out to
-``max_new_tokens`` (vllm#38696)."""
 CACHE_ENTRIES = 256
 """Compiled grammars kept per model (least recently used dropped first)."""
 COMPILE_THREADS = 1
 """Compile workers per model: compiles are short and the cores run the forward pass."""
 COMPILE_TIMEOUT_S = 60.0
 """How long a sequence's first sample waits for its grammar before the sequence fails."""
-
-
-_LENGTH_BOUND_CHARACTER = r'[^\"\\\r\n]'
-_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
-
-
-def strict_json_ebnf(ebnf: str) -> str:
-    """Fixes to the EBNF xgrammar 0.2.8 writes for a JSON schema.
-
-    Length bounds (`minLength`/`maxLength`, `minItems`/`maxItems`) are bounded
-    repetitions that cost milliseconds per token mask: rewritten as chains of
-    rules (:func:`~switchyard_engine.ebnf_bounds.rewrite_bounds`), whose
-    bounded strings take JSON's characters (escapes included, raw control
-    characters not; xgrammar's own let a raw tab in, which is not JSON). Any
-    bounded character rule left is narrowed the same way. The untyped values
-    (`basic_array`, `basic_object`) separate items with ``", "`` whatever the
-    separators asked for: made compact.
-    """
-    from switchyard_engine.ebnf_bounds import rewrite_bounds
-
-    lines = []
-    for line in rewrite_bounds(ebnf).replace(_LENGTH_BOUND_CHARACTER,
-                                             _JSON_STRING_CHARACTER).splitlines():
-        if line.startswith(("basic_array_items", "basic_object_properties")):
-            line = line.replace('(", " ', '("," ')
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def json_schema_ebnf(schema: str) -> str:
-    """The grammar of compact JSON that follows ``schema`` (canonical text), as EBNF,
-    every number in it bounded (``switchyard_engine.number_bounds``): its ranges are
-    closed before xgrammar writes them, its plain numbers after.
-    ``NumberBoundsError`` when a numeric range of the schema is empty."""
-    import json
-
-    import xgrammar as xgr
-
-    from switchyard_engine.number_bounds import bound_numbers, bounded_schema
-
-    closed = json.dumps(bounded_schema(json.loads(schema)), separators=(",", ":"),
-                        ensure_ascii=False)  # properties keep their order
-    grammar = xgr.Grammar.from_json_schema(closed, any_whitespace=False,
-                                           separators=JSON_SEPARATORS, strict_mode=False)
-    return strict_json_ebnf(bound_numbers(str(grammar)))
 
 
 def compile_grammar(compiler: Any, constraint: Constraint) -> Any:

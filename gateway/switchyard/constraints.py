@@ -7,7 +7,7 @@ Everything is checked before a request reaches an engine, so a bad grammar is a
   must use no keyword the grammar engine (xgrammar) would silently ignore
   (:data:`IGNORED_KEYWORDS`, and `minLength`/`maxLength` beside `pattern` or
   `format`), and must compile: the gateway builds the grammar once without a
-  tokenizer (``switchyard_engine.grammar.json_schema_ebnf``: xgrammar's
+  tokenizer (``switchyard_engine.grammar_text.json_schema_ebnf``: xgrammar's
   `Grammar.from_json_schema` with every number bounded, 1-5 ms for small
   schemas), the engine compiles it again for its tokenizer; a numeric range
   that no bounded number meets (an `integer` whose bounds hold no int64) is
@@ -36,7 +36,7 @@ import msgspec
 from switchyard_spec import Constraint, ConstraintKind
 
 from switchyard_engine.ebnf_bounds import chain_rules
-from switchyard_engine.grammar import json_schema_ebnf
+from switchyard_engine.grammar_text import json_schema_ebnf
 from switchyard_engine.number_bounds import (
     SCHEMA_LISTS,
     SCHEMA_MAPS,

@@ -28,7 +28,8 @@ from switchyard.constraints import (
     tgi_constraint,
 )
 from switchyard_engine.ebnf_bounds import chain_rules
-from switchyard_engine.grammar import GrammarSupport, json_schema_ebnf
+from switchyard_engine.grammar import GrammarSupport
+from switchyard_engine.grammar_text import json_schema_ebnf
 from switchyard_engine.sampling import RowSampler, sample
 from switchyard.errors import ApiError
 from switchyard_spec import (

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 _T = TypeVar("_T")
@@ -182,6 +184,10 @@ def load_tokenizer(model_path: str | Path) -> TextTokenizer:
 
 
 def _load_hf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    # transformers (and through it torch) loads here, not when the gateway's
+    # request validation imports the text package.
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     try:
         # trust_remote_code=False said outright: left unset, transformers asks
         # on stdin (and waits) when the folder ships custom tokenizer code.
