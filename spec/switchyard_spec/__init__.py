@@ -31,6 +31,7 @@ from switchyard_spec.quantization import (
     QuantizedWeight,
     WeightFormat,
     uint4_group_asym,
+    uint4_group_min,
 )
 from switchyard_spec.types import (
     Constraint,
@@ -101,4 +102,5 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "uint4_group_asym",
+    "uint4_group_min",
 ]

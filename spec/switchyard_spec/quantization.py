@@ -10,7 +10,7 @@ they agree on a format record, whose fields say exactly which tensors a
 engine is built, a ``--quantize`` method none of whose formats the engine runs.
 
 The formats in use are defined here (``INT8_PER_CHANNEL``,
-``uint4_group_asym``, ``W8A8_SMOOTHQUANT``, ``W8A8_SMOOTHQUANT_STATIC``,
+``uint4_group_asym``, ``uint4_group_min``, ``W8A8_SMOOTHQUANT``, ``W8A8_SMOOTHQUANT_STATIC``,
 ``FP8_E4M3_PER_TENSOR``), so
 that two plugins name them alike. A method that must see activations first
 (SmoothQuant, FP8) declares a ``Calibration``: the engine runs its prompts through
@@ -84,9 +84,12 @@ class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
       ``float32[N, groups]``;
     - with ``zero_point``, ``QuantizedWeight.zero_points`` is
       ``uint8[N, groups]`` (integers in the range of ``q``), else None;
-    - the weight they stand for is ``(q[n, k] - z[n, g]) * s[n, g]``, or
-      ``q[n, k] * s[n]`` without zero points, computed in float32, with
-      ``g = k // group_size``.
+    - with ``group_min``, ``QuantizedWeight.mins`` is ``float32[N, groups]``
+      (any float: the group's offset), else None;
+    - the weight they stand for is ``(q[n, k] - z[n, g]) * s[n, g]`` with
+      zero points, ``q[n, k] * s[n, g] + b[n, g]`` with mins (the product
+      rounded to float32, then the sum), or ``q[n, k] * s[n]`` with
+      neither, computed in float32, with ``g = k // group_size``.
 
     With quantized ``activations`` (W8A8) the integers are those of the
     smoothed weight ``W[n, k] * m[k]``, where ``m`` is
@@ -112,6 +115,9 @@ class WeightFormat(msgspec.Struct, frozen=True, kw_only=True):
     """Weights along K that share a scale (and zero point); 0: the whole row."""
     zero_point: bool = False
     """Asymmetric: a zero point per group (``QuantizedWeight.zero_points``)."""
+    group_min: bool = False
+    """A float offset per group (``QuantizedWeight.mins``): the weight is ``q * s + b``.
+    Never together with ``zero_point``."""
     activations: ActivationQuant = ActivationQuant.NONE
     """How the layer's input is quantized (W8A8), or ``NONE`` (weight-only)."""
 
@@ -158,9 +164,9 @@ FP8_E4M3_MAX = 448.0
 """The largest finite float8_e4m3fn value: scales map a tensor's max |value| to it."""
 
 UINT4_GROUP_SIZES = (32, 64, 128)
-"""The group sizes of ``uint4_group_asym`` formats in use."""
+"""The group sizes of ``uint4_group_asym`` and ``uint4_group_min`` formats in use."""
 
-GGUF_BLOCK_TYPES = ("Q4_0",)
+GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1")
 """GGUF block types that a format defined here holds exactly, every weight bit for bit.
 
 GGUF (llama.cpp's files) quantizes a weight in blocks of 32 weights along a
@@ -173,13 +179,18 @@ row (K); the three 32-weight block types:
   a float32 with no rounding (and ``gguf.quants.dequantize`` computes the
   same product), so the two agree bit for bit, signed zeros, infinities and
   NaNs included.
-- ``Q4_1``: float16 ``d`` and ``m``, the weight ``d * q + m``: a uint4
-  format's zero point is an integer, which holds ``m`` only when ``-m / d``
-  is an integer in 0..15 (0.27% of the default model's blocks): not held.
+- ``Q4_1``: float16 ``d`` and ``m``, the weight ``d * q + m``: exactly
+  ``uint4_group_min(32)`` with ``q`` as it is, the scale ``float32(d)`` and
+  the min ``float32(m)``. ``q * d`` is exact (as for ``Q4_0``), so the
+  format's weight rounds once, in the sum, as ``gguf.quants.dequantize``'s
+  ``d * q + m`` (float32) does: bit for bit, ``d == 0`` blocks (the weight
+  is ``m``) and non-finite ones included. (An integer zero point would hold
+  ``m`` only where ``-m / d`` is an integer in 0..15: 0.27% of the default
+  model's blocks.)
 - ``Q8_0``: a float16 scale per 32 int8 weights: ``INT8_PER_CHANNEL`` has one
   scale per row, and no format here has int8 groups: not held.
 
-Blocks of other types (these two, the K-quants, ...) are dequantized."""
+Blocks of other types (``Q8_0``, the K-quants, ...) are dequantized."""
 
 GGUF_BLOCKS_FILE = "gguf-blocks/linears.safetensors"
 """Where a model folder converted from a GGUF file keeps its linears' GGUF blocks.
@@ -188,12 +199,12 @@ The gateway converts a GGUF file (``--model-id FILE.gguf``) into a folder of
 float32 safetensors; beside them it keeps, in this file (relative to the
 folder), the blocks of each linear layer's weight whose GGUF block type is
 in ``GGUF_BLOCK_TYPES``, as the file stores them: one ``uint8`` tensor
-``[N, K / 32 * bytes per block]`` per weight, named as the float weight
+``[N, K / 32 * bytes per block]`` (18 for ``Q4_0``, 20 for ``Q4_1``) per weight, named as the float weight
 (``model.layers.0.mlp.down_proj.weight``), row ``n`` the blocks of output
 feature ``n`` in the order of K. The rows are in the float weight's order,
 which may be a permutation of the file's (transformers' conversion reorders
 the rows of Llama's q and k projections). The file's metadata maps each
-name to its block type (``"Q4_0"``). The float32 weight of the same name in
+name to its block type (``"Q4_0"``, ``"Q4_1"``). The float32 weight of the same name in
 the folder is ``gguf.quants.dequantize`` of these blocks, bit for bit: the
 conversion checks every row. A checkpoint method whose
 ``config_quant_method`` is ``"gguf"`` reads this file."""
@@ -209,6 +220,21 @@ def uint4_group_asym(group_size: int) -> WeightFormat:
         raise ValueError(f"uint4 group size must be one of {UINT4_GROUP_SIZES}, not {group_size}")
     return WeightFormat(name=f"uint4-group{group_size}-asym", bits=4, signed=False,
                         packing=Packing.UINT4_K_INT32, group_size=group_size, zero_point=True)
+
+
+def uint4_group_min(group_size: int) -> WeightFormat:
+    """Unsigned 4-bit with a float32 scale and a float32 min per ``group_size`` weights.
+
+    The weight is ``q * s + b`` (``b``: ``QuantizedWeight.mins``), GGUF
+    ``Q4_1``'s form (``d * q + m``): the offset is any float, where
+    ``uint4_group_asym``'s is an integer times the scale. Named
+    ``uint4-group{group_size}-min``; ``group_size`` is one of
+    ``UINT4_GROUP_SIZES``. The data is packed as ``Packing.UINT4_K_INT32``.
+    """
+    if group_size not in UINT4_GROUP_SIZES:
+        raise ValueError(f"uint4 group size must be one of {UINT4_GROUP_SIZES}, not {group_size}")
+    return WeightFormat(name=f"uint4-group{group_size}-min", bits=4, signed=False,
+                        packing=Packing.UINT4_K_INT32, group_size=group_size, group_min=True)
 
 
 class QuantizedWeight(msgspec.Struct, frozen=True, kw_only=True):
@@ -230,6 +256,8 @@ class QuantizedWeight(msgspec.Struct, frozen=True, kw_only=True):
     """float32 ``[N]`` (per channel) or ``[N, groups]``."""
     zero_points: Any = None
     """uint8 ``[N, groups]`` when ``format.zero_point``, else None."""
+    mins: Any = None
+    """float32 ``[N, groups]`` when ``format.group_min``, else None."""
     smoothing: Any = None
     """W8A8 formats: float32 ``[K]`` factors ``m`` (positive): ``data`` quantizes
     ``W[n, k] * m[k]``, and the input is divided by ``m`` before it is

@@ -33,7 +33,7 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
     assert "--quantize 'bitnet': no installed plugin declares that quantization method" in log
     uint4 = "uint4-group128-asym/uint4-group64-asym/uint4-group32-asym"
     assert (f"engine 'xeon' can run: awq ({uint4}), fp8 (fp8-e4m3-per-tensor), gguf "
-            f"(uint4-group32-asym), gptq ({uint4}), "
+            f"(uint4-group32-asym/uint4-group32-min), gptq ({uint4}), "
             "int4 (uint4-group128-asym), "
             "int4-g32 (uint4-group32-asym), int4-g64 (uint4-group64-asym), int8 "
             f"(int8-per-channel), ipex-lowp ({uint4}), smoothquant "

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from switchyard_quant import plugin
-from switchyard_spec import INT8_PER_CHANNEL, uint4_group_asym
+from switchyard_spec import INT8_PER_CHANNEL, uint4_group_asym, uint4_group_min
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_it_declares_int8_and_three_int4_group_sizes():
         "awq", "gguf", "gptq", "ipex-lowp"]
     assert [methods[n].config_quant_method for n in ("gptq", "awq", "gguf")] == [
         "gptq", "awq", "gguf"]
-    assert methods["gguf"].formats == (uint4_group_asym(32),)
+    assert methods["gguf"].formats == (uint4_group_asym(32), uint4_group_min(32))
     assert methods["int8"].formats == (INT8_PER_CHANNEL,)
     for name, group in (("int4", 128), ("int4-g64", 64), ("int4-g32", 32)):
         assert methods[name].formats == (uint4_group_asym(group),)

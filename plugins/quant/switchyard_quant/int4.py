@@ -69,11 +69,14 @@ def quantize_uint4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
 
 
 def dequantize_uint4(weight: QuantizedWeight) -> torch.Tensor:
-    """The float32 weight ``(q - z) * s`` (per group) a uint4 ``QuantizedWeight`` stands for."""
+    """The float32 weight a uint4 ``QuantizedWeight`` stands for, per group: ``(q - z) * s``,
+    or ``q * s + b`` for a ``uint4_group_min`` format (the product rounded, then the sum)."""
     if weight.format.packing is not Packing.UINT4_K_INT32:
         raise ValueError(f"not a uint4 weight: {weight.format.name}")
     k, group = weight.in_features, weight.format.group_size
     q = unpack_uint4_along_k(weight.data, k).float()
-    zero = weight.zero_points.float().repeat_interleave(group, dim=1)[:, :k]
     scale = weight.scales.repeat_interleave(group, dim=1)[:, :k]
+    if weight.format.group_min:
+        return q * scale + weight.mins.float().repeat_interleave(group, dim=1)[:, :k]
+    zero = weight.zero_points.float().repeat_interleave(group, dim=1)[:, :k]
     return (q - zero) * scale

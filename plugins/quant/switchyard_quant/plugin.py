@@ -28,6 +28,7 @@ from switchyard_spec import (
     QuantizedWeight,
     hookimpl,
     uint4_group_asym,
+    uint4_group_min,
 )
 
 INT4_GROUPS = {"int4": 128, "int4-g64": 64, "int4-g32": 32}
@@ -154,7 +155,7 @@ def dequantize(weight: QuantizedWeight) -> Any:
 @hookimpl
 def switchyard_quantization_methods() -> list[QuantizationMethod]:
     """Declare int8, int4 (three group sizes), smoothquant, fp8 and the checkpoint methods
-    (gptq, awq, ipex-lowp; gguf: the Q4_0 blocks a converted GGUF folder keeps)."""
+    (gptq, awq, ipex-lowp; gguf: the Q4_0 and Q4_1 blocks a converted GGUF folder keeps)."""
     methods = [QuantizationMethod(
         name="int8",
         description="weight-only int8, symmetric, a scale per output feature (RTN at load)",
@@ -193,10 +194,11 @@ def switchyard_quantization_methods() -> list[QuantizationMethod]:
             config_quant_method=detected))
     methods.append(QuantizationMethod(
         name="gguf",
-        description="a GGUF file's Q4_0 linears as they are (uint4, zero point 8, a scale per "
-                    "32 weights: exact), the rest dequantized; chosen by itself for a GGUF "
-                    "model whose engine runs the format",
-        formats=(uint4_group_asym(32),),
+        description="a GGUF file's Q4_0 and Q4_1 linears as they are (uint4 with a scale and "
+                    "a zero point 8 or a float min per 32 weights: exact), the rest "
+                    "dequantized; chosen by itself for a GGUF model whose engine runs the "
+                    "formats",
+        formats=(uint4_group_asym(32), uint4_group_min(32)),
         quantize=functools.partial(quantize_int4, group_size=32), dequantize=dequantize,
         load=functools.partial(load_checkpoint, layout="gguf"), config_quant_method="gguf"))
     return methods

@@ -10,7 +10,8 @@ refused with a ``CheckpointError`` naming the file and tensor.
 - :mod:`.folder`: the folder's safetensors and config.json, nibble unpacking,
   mapping group sizes onto the format's;
 - :mod:`.gptq`, :mod:`.awq`, :mod:`.lowp`: one reader per layout;
-- :mod:`.gguf`: the Q4_0 blocks a folder converted from a GGUF file keeps
-  (``switchyard_spec.GGUF_BLOCKS_FILE``), as ``uint4_group_asym(32)``;
+- :mod:`.gguf`: the Q4_0 and Q4_1 blocks a folder converted from a GGUF file
+  keeps (``switchyard_spec.GGUF_BLOCKS_FILE``), as ``uint4_group_asym(32)``
+  and ``uint4_group_min(32)``;
 - :mod:`.writer`: ``switchyard quantize`` (RTN into a GPTQ folder).
 """
