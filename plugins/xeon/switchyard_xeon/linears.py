@@ -418,7 +418,7 @@ def _stored(module: torch.nn.Module) -> tuple[str, int]:
         return _dtype_kind(module.weight.dtype), module.weight.nbytes
     if isinstance(module, QuantizedLinear):
         quantized = module.quantized
-        tensors = (quantized.data, quantized.scales, quantized.zero_points)
+        tensors = (quantized.data, quantized.scales, quantized.zero_points, quantized.mins)
         return quantized.format.name, sum(t.nbytes for t in tensors if t is not None)
     return "", 0
 

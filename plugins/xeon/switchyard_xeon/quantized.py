@@ -10,7 +10,9 @@ kernels:
   integers widened to bf16, per-feature scales after the sums);
 - ``uint4-group{32,64,128}-asym``: ``kernels/panel_dot_uint4.cpp`` (nibbles
   widened to bf16 ``16 + q`` by bit operations, the offset and zero point
-  folded into a per-group correction).
+  folded into a per-group correction);
+- ``uint4-group{32,64,128}-min`` (``q * s + b``, GGUF ``Q4_1``): the same
+  panels, given float zero points ``z = -b / s`` (:func:`kernel_constants`).
 
 Both compute ``bf16(x) @ W.T`` in fp32 sums over the weight the format
 defines, and need the AVX512_BF16 build of the kernels. Where that build is
@@ -165,22 +167,49 @@ def pack_quantized(weight: QuantizedWeight, fma: bool = False) -> torch.Tensor:
     fmt = weight.format
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"the xeon kernels do not run {fmt.name} weights")
+    data, scales, zeros = weight.data, weight.scales, weight.zero_points
+    if fmt.group_min:
+        data, scales, zeros = kernel_constants(weight)
     if fma or fmt.packing is Packing.FP8_E4M3_ROWS:
         kind = runs_on_fma(weight)
-        scales = weight.scales.float()
-        data = weight.data
+        scales = scales.float()
         if kind == 3:
             scales = scales * float(weight.activation_scale)
             data = data.view(torch.uint8)
-        return ops.pack_panels_quant_fma(kind, data, scales, weight.zero_points,
-                                         fmt.group_size, weight.in_features)
+        return ops.pack_panels_quant_fma(kind, data, scales, zeros, fmt.group_size,
+                                         weight.in_features)
     if is_w8a8(fmt):
         return ops.pack_panels_w8a8(weight.data, weight.scales, weight.smoothing,
                                     float(weight.activation_scale))
     if fmt.packing is Packing.INT8_ROWS:
         return ops.pack_panels_int8_dot(weight.data, weight.scales)
-    return ops.pack_panels_uint4_dot(weight.data, weight.scales, weight.zero_points,
-                                     fmt.group_size, weight.in_features)
+    return ops.pack_panels_uint4_dot(data, scales, zeros, fmt.group_size, weight.in_features)
+
+
+def kernel_constants(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A ``uint4_group_min`` record as the uint4 panels take it: ``(data, scales, zeros)``
+    with float32 zero points, the weight ``(q - z) * s`` standing for ``q * s + b``.
+
+    ``z = -b / s``, divided in float64 and rounded once to float32, so the
+    panels' weight ``(q - z) * s`` (rounded three times: ``z``, ``q - z``,
+    the product) is within 3 fp32 ulps of ``max(|b|, |q * s + b|)`` of the
+    record's ``q * s + b`` (rounded once); 1 at most over the default
+    model's Q4_1 weights. A group with ``s == 0`` stands for ``b`` whatever
+    its ``q``: it becomes ``q = 0``, ``s = b``, ``z = -1``, which is ``b``
+    exactly.
+    """
+    scales = weight.scales.float()
+    mins = weight.mins.float()
+    flat = scales == 0
+    zeros = torch.where(flat, -1.0, -mins.double() / torch.where(flat, 1.0, scales.double()))
+    data = weight.data
+    if bool(flat.any()):
+        group = weight.format.group_size
+        q = uint4_integers(weight)
+        q[flat.repeat_interleave(group, dim=1)[:, : weight.in_features]] = 0
+        data = uint4_words(q)
+    return (data, torch.where(flat, mins, scales).contiguous(),
+            zeros.float().contiguous())
 
 
 def stack_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
@@ -198,7 +227,9 @@ def stack_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
         in_features=first.in_features, data=torch.cat([w.data for w in weights]),
         scales=torch.cat([w.scales for w in weights]),
         zero_points=None if first.zero_points is None else torch.cat(
-            [w.zero_points for w in weights]), input_order=first.input_order)
+            [w.zero_points for w in weights]),
+        mins=None if first.mins is None else torch.cat([w.mins for w in weights]),
+        input_order=first.input_order)
 
 
 def same_input_order(weights: list[QuantizedWeight]) -> bool:
@@ -263,6 +294,8 @@ def describe(fmt: WeightFormat) -> str:
     if is_w8a8(fmt):
         act = "per token" if fmt.activations is ActivationQuant.INT8_PER_TOKEN else "static scale"
         return f"W8A8 int8 weights and activations ({act}, SmoothQuant factors)"
+    if fmt.group_min:
+        return f"uint4 weights (groups of {fmt.group_size}, scales and mins)"
     return f"uint4 weights (groups of {fmt.group_size}, scales and zero points)"
 
 
@@ -279,7 +312,10 @@ def reference_weight(weight: QuantizedWeight) -> torch.Tensor:
         return weight.data.float() * weight.scales[:, None]
     groups = torch.arange(weight.in_features) // weight.format.group_size
     q = uint4_integers(weight).float()
-    stored = (q - weight.zero_points.float()[:, groups]) * weight.scales[:, groups]
+    if weight.format.group_min:
+        stored = q * weight.scales[:, groups] + weight.mins.float()[:, groups]
+    else:
+        stored = (q - weight.zero_points.float()[:, groups]) * weight.scales[:, groups]
     if weight.input_order is None:
         return stored
     inputs = torch.empty_like(stored)  # stored column j is input input_order[j]

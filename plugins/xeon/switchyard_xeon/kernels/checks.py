@@ -21,6 +21,7 @@ from switchyard_spec import (
     QuantizedWeight,
     WeightFormat,
     uint4_group_asym,
+    uint4_group_min,
 )
 
 from switchyard_xeon.quantized import (
@@ -191,23 +192,27 @@ def check_bf16_dot() -> str:
 def check_uint4_dot() -> str:
     """Compare the uint4 panels with ``F.linear`` over the weight their format defines; '' if equal.
 
-    Each group size of the format; ragged shapes: K not a multiple of the
-    group (a short last group) and odd, N not a multiple of 16, 1-13 rows
-    (widened in registers) and 70 (through the per-thread buffer).
+    Each group size of the asym format, and the min format (float mins of
+    either sign, some groups with ``s == 0``); ragged shapes: K not a
+    multiple of the group (a short last group) and odd, N not a multiple of
+    16, 1-13 rows (widened in registers) and 70 (through the per-thread
+    buffer).
     """
     gen = torch.Generator().manual_seed(5)
-    for group, case in ((32, (1, 37, 75)), (64, (5, 50, 64)), (128, (70, 20, 130)),
-                        (32, (13, 16, 33))):
-        weight = _random_quantized(uint4_group_asym(group), case[1], case[2], gen)
+    for fmt, case in ((uint4_group_asym(32), (1, 37, 75)), (uint4_group_asym(64), (5, 50, 64)),
+                      (uint4_group_asym(128), (70, 20, 130)), (uint4_group_asym(32), (13, 16, 33)),
+                      (uint4_group_min(32), (3, 37, 75)), (uint4_group_min(32), (70, 20, 130))):
+        weight = _random_quantized(fmt, case[1], case[2], gen)
         error = _panel_case_error(lambda _, w=weight: pack_quantized(w), case, gen,
                                   bf16_inputs=True, seen=lambda _, w=weight: reference_weight(w))
         if error:
-            return f"uint4 dot panels (group {group}): {error}"
+            return f"uint4 dot panels ({fmt.name}): {error}"
     return ""
 
 
 def check_quant_fma() -> str:
-    """Compare the AVX2 + FMA panels (int8, uint4 of each group size, FP8) with ``F.linear``
+    """Compare the AVX2 + FMA panels (int8, uint4 of each group size and with float mins, FP8)
+    with ``F.linear``
     over the weight their format defines, in fp32; '' if equal.
 
     Ragged: K odd and a short last group, N not a multiple of 16, 1-6 rows
@@ -217,7 +222,8 @@ def check_quant_fma() -> str:
     gen = torch.Generator().manual_seed(7)
     for fmt, case in ((INT8_PER_CHANNEL, (1, 37, 75)), (INT8_PER_CHANNEL, (40, 20, 33)),
                       (uint4_group_asym(32), (1, 37, 75)), (uint4_group_asym(64), (5, 50, 64)),
-                      (uint4_group_asym(128), (40, 20, 130)), (FP8_E4M3_PER_TENSOR, (6, 33, 47)),
+                      (uint4_group_asym(128), (40, 20, 130)), (uint4_group_min(32), (1, 37, 75)),
+                      (uint4_group_min(32), (40, 20, 130)), (FP8_E4M3_PER_TENSOR, (6, 33, 47)),
                       (FP8_E4M3_PER_TENSOR, (40, 17, 256))):
         weight = _random_quantized(fmt, case[1], case[2], gen)
         seen = (fp8_reference_weight if fmt == FP8_E4M3_PER_TENSOR else reference_weight)(weight)
@@ -249,9 +255,14 @@ def _random_quantized(fmt: WeightFormat, out: int, inner: int,
         return QuantizedWeight(format=fmt, out_features=out, in_features=inner,
                                data=q.to(torch.int8), scales=torch.rand(out, generator=gen) / 50)
     groups = -(-inner // fmt.group_size)
+    scales = torch.rand(out, groups, generator=gen) / 5
+    if fmt.group_min:  # float mins of either sign, and a few groups of one value (s == 0)
+        scales[torch.rand(out, groups, generator=gen) < 0.1] = 0.0
+        return QuantizedWeight(format=fmt, out_features=out, in_features=inner,
+                               data=uint4_words(q), scales=scales,
+                               mins=torch.randn(out, groups, generator=gen))
     return QuantizedWeight(
-        format=fmt, out_features=out, in_features=inner, data=uint4_words(q),
-        scales=torch.rand(out, groups, generator=gen) / 5,
+        format=fmt, out_features=out, in_features=inner, data=uint4_words(q), scales=scales,
         zero_points=torch.randint(0, high + 1, (out, groups), generator=gen).to(torch.uint8))
 
 

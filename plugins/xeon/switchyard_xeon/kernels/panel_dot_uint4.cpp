@@ -12,11 +12,14 @@
 //   sum_k x_k (q_k - z) s = s * (sum_k x_k (16 + q_k) - (16 + z) sum_k x_k),
 // where x_k are the bf16-rounded inputs; the packing stores s and
 // c = -(16 + z) per feature and group, and the sums of each row's inputs per
-// group are taken once per call. The bracket is one fused multiply-add (the
-// product exact, one rounding) of sums whose terms are exact in fp32 (bf16
-// times a 5-bit integer), so what is left is within an ulp or so of
-// sum x (q - z): scaling first, or storing (16 + z) s, measured 4x further from
-// a float64 reference, enough to flip the bf16 rounding of cached keys.
+// group are taken once per call. The zero points come as uint8 (0..15, the
+// contract's integers) or as fp32 (any float: a group whose weights are
+// q * s + b, GGUF Q4_1's form, is z = -b / s; c then rounds once). The
+// bracket is one fused multiply-add (the product exact, one rounding) of
+// sums whose terms are exact in fp32 (bf16 times a 5-bit integer), so what
+// is left is within an ulp or so of sum x (q - z): scaling first, or
+// storing (16 + z) s, measured 4x further from a float64 reference, enough
+// to flip the bf16 rounding of cached keys.
 //
 // Packing: [panels, groups, 8 G + 128] uint8. A panel of 16 output features
 // is one contiguous stream, group after group; a group is G / 8 "quads" of 64
@@ -75,7 +78,7 @@ using bf16 = at::BFloat16;
 int64_t group_bytes(int64_t G) { return G / 2 / 4 * kQuad + kConstBytes; }
 
 // data int32 [N, ceil(K/8)] (nibble k % 8 of word k / 8), scales fp32 [N, groups],
-// zeros uint8 [N, groups] -> [panels, groups, 8 G + 128] uint8.
+// zeros uint8 0..15 or fp32 [N, groups] -> [panels, groups, 8 G + 128] uint8.
 at::Tensor pack_panels_uint4_dot(const at::Tensor& data, const at::Tensor& scales,
                                  const at::Tensor& zeros, int64_t G, int64_t K) {
   TORCH_CHECK(G > 0 && G % 16 == 0, "pack_panels_uint4_dot: group size must be a multiple of 16");
@@ -86,15 +89,19 @@ at::Tensor pack_panels_uint4_dot(const at::Tensor& data, const at::Tensor& scale
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == groups &&
                   scales.scalar_type() == at::kFloat,
               "pack_panels_uint4_dot: scales must be float32 [N, ceil(K / G)]");
-  TORCH_CHECK(zeros.sizes() == scales.sizes() && zeros.scalar_type() == at::kByte,
-              "pack_panels_uint4_dot: zero points must be uint8 [N, ceil(K / G)]");
+  const bool float_zeros = zeros.scalar_type() == at::kFloat;
+  TORCH_CHECK(zeros.sizes() == scales.sizes() &&
+                  (zeros.scalar_type() == at::kByte || float_zeros),
+              "pack_panels_uint4_dot: zero points must be uint8 or float32 [N, ceil(K / G)]");
   const at::Tensor d = data.contiguous(), s = scales.contiguous(), z = zeros.contiguous();
-  TORCH_CHECK(z.max().item<int>() <= 15, "pack_panels_uint4_dot: zero points must be 0..15");
+  TORCH_CHECK(float_zeros || z.max().item<int>() <= 15,
+              "pack_panels_uint4_dot: uint8 zero points must be 0..15");
   const int64_t panels = (N + kPanel - 1) / kPanel, gbytes = group_bytes(G);
   at::Tensor packed = at::zeros({panels, groups, gbytes}, d.options().dtype(at::kByte));
   const uint32_t* src = reinterpret_cast<const uint32_t*>(d.data_ptr<int32_t>());
   const float* sp = s.data_ptr<float>();
-  const uint8_t* zp = z.data_ptr<uint8_t>();
+  const uint8_t* zp = float_zeros ? nullptr : z.data_ptr<uint8_t>();
+  const float* zf = float_zeros ? z.data_ptr<float>() : nullptr;
   uint8_t* dst = packed.data_ptr<uint8_t>();
   const int64_t words = d.size(1);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
@@ -112,7 +119,9 @@ at::Tensor pack_panels_uint4_dot(const at::Tensor& data, const at::Tensor& scale
           float* consts = reinterpret_cast<float*>(grp + gbytes - kConstBytes);
           const float scale = sp[n * groups + g];
           consts[f] = scale;
-          consts[kPanel + f] = -static_cast<float>(kOffset + zp[n * groups + g]);
+          const int64_t at = n * groups + g;
+          consts[kPanel + f] = zf ? static_cast<float>(-(kOffset + static_cast<double>(zf[at])))
+                                  : -static_cast<float>(kOffset + zp[at]);
         }
       }
     }

@@ -21,7 +21,8 @@
 //   int8, fp8: K steps of 16 bytes (feature f at byte f), then 16 fp32 scales;
 //   uint4:     K steps of 8 bytes (feature f in the low nibble of byte f,
 //              feature f + 8 in the high one), then per group 16 fp32 scales
-//              and 16 fp32 zero points.
+//              and 16 fp32 zero points (given as uint8 0..15, or as fp32 for
+//              groups of q * s + b, GGUF Q4_1's form: z = -b / s).
 // Zero padding past N (scales 0) and past K in a short last group (never read).
 //
 // Micro-kernel: up to 6 rows of x times one panel, two 8-float accumulators a
@@ -376,8 +377,8 @@ std::vector<float> group_sums(const float* x, int64_t M, int64_t K, int64_t G) {
 }
 
 // data: int8 [N, K] (int8), uint8 E4M3 bytes [N, K] (fp8) or int32 [N, ceil(K/8)]
-// words of nibbles (uint4); scales fp32 [N] or [N, groups]; zeros uint8 [N, groups]
-// (uint4 only). Returns the packed layout of the header.
+// words of nibbles (uint4); scales fp32 [N] or [N, groups]; zeros uint8 0..15 or fp32
+// [N, groups] (uint4 only). Returns the packed layout of the header.
 at::Tensor pack_panels_quant_fma(int64_t kind, const at::Tensor& data, const at::Tensor& scales,
                                  const c10::optional<at::Tensor>& zeros, int64_t G, int64_t K) {
   TORCH_CHECK(kind == kInt8 || kind == kUint4 || kind == kFp8,
@@ -392,8 +393,10 @@ at::Tensor pack_panels_quant_fma(int64_t kind, const at::Tensor& data, const at:
                     scales.scalar_type() == at::kFloat,
                 "pack_panels_quant_fma: uint4 scales must be float32 [N, ceil(K / G)]");
     TORCH_CHECK(zeros.has_value() && zeros->sizes() == scales.sizes() &&
-                    zeros->scalar_type() == at::kByte && zeros->max().item<int>() <= 15,
-                "pack_panels_quant_fma: uint4 zero points must be uint8 0..15 [N, ceil(K / G)]");
+                    (zeros->scalar_type() == at::kFloat ||
+                     (zeros->scalar_type() == at::kByte && zeros->max().item<int>() <= 15)),
+                "pack_panels_quant_fma: uint4 zero points must be uint8 0..15 or float32 "
+                "[N, ceil(K / G)]");
   } else {
     TORCH_CHECK(data.size(1) == K && (kind == kInt8 ? data.scalar_type() == at::kChar
                                                     : data.scalar_type() == at::kByte),
@@ -409,7 +412,7 @@ at::Tensor pack_panels_quant_fma(int64_t kind, const at::Tensor& data, const at:
   const Header h{kMagic, kind, N, K, kind == kUint4 ? G : K, panels, stride};
   std::memcpy(base, &h, sizeof(h));
   const at::Tensor d = data.contiguous(), s = scales.contiguous();
-  const at::Tensor z = kind == kUint4 ? zeros->contiguous() : at::Tensor();
+  const at::Tensor z = kind == kUint4 ? zeros->contiguous().to(at::kFloat) : at::Tensor();
   const float* sp = s.data_ptr<float>();
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -430,10 +433,10 @@ at::Tensor pack_panels_quant_fma(int64_t kind, const at::Tensor& data, const at:
           uint8_t& byte = panel[k * (kPanel / 2) + f % 8];
           byte = static_cast<uint8_t>(byte | (f < 8 ? q : q << 4));
         }
-        const uint8_t* zp = z.data_ptr<uint8_t>() + n * groups;
+        const float* zp = z.data_ptr<float>() + n * groups;
         for (int64_t g = 0; g < groups; ++g) {
           consts[g * 2 * kPanel + f] = sp[n * groups + g];
-          consts[g * 2 * kPanel + kPanel + f] = static_cast<float>(zp[g]);
+          consts[g * 2 * kPanel + kPanel + f] = zp[g];
         }
       }
     }
