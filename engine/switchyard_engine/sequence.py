@@ -2,7 +2,7 @@
 
 Engines subclass :class:`BaseSequence` with their own bookkeeping (the Xeon
 engine's cache progress and scheduled chunk, the Gaudi engine's cache row and
-queue timing); the shared pieces (:func:`~switchyard_engine.lifecycle.finish_reason`,
+arrival order); the shared pieces (:func:`~switchyard_engine.lifecycle.finish_reason`,
 admission checks, events) read only what is here.
 
 Pure Python: the sampler is held here, never used.
@@ -10,6 +10,7 @@ Pure Python: the sampler is held here, never used.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,15 @@ class BaseSequence:
     prompt_top_tokens: list[tuple[TopToken, ...]] = field(default_factory=list)
     """The most likely tokens at each scored prompt position (when the request asks for
     prompt log-probs and ``top_n_tokens``); sent on the first event with them."""
+    queued_at: float = field(default_factory=time.monotonic)
+    """When it was submitted (``time.monotonic``; the compute loop sets it from the
+    command's time): the start of its queue time."""
+    started_at: float | None = None
+    """When the first forward step it was in began: the end of its queue time
+    (``TokenEvent.queue_seconds``, on its first event)."""
+    cached_tokens: int | None = None
+    """Prompt tokens a prefix cache gave it when it was first admitted (None before,
+    and always on engines without one): ``TokenEvent.cached_tokens``."""
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -55,6 +65,11 @@ class BaseSequence:
     def generated(self) -> int:
         """Tokens generated so far."""
         return len(self.tokens) - self.prompt_len
+
+    def queue_seconds(self) -> float:
+        """Its queue time: submission to its first step (to now, if it has not run)."""
+        started = self.started_at if self.started_at is not None else time.monotonic()
+        return started - self.queued_at
 
     def forget_prompt_scores(self) -> None:
         """Drop the prompt's scores: delivered, or to be computed again after preemption."""

@@ -30,9 +30,8 @@ class Admission:
         self.takes_images = takes_images
         self.watermark = watermark if watermark is not None else WatermarkConfig()
 
-    def build(self, request: EngineRequest, sink: EventSink,
-              queued_at: float) -> tuple[GaudiSequence | None, str]:
-        """The sequence for ``request`` (queued since ``queued_at``), or None and the reason."""
+    def build(self, request: EngineRequest, sink: EventSink) -> tuple[GaudiSequence | None, str]:
+        """The sequence for ``request``, or None and the reason it cannot be served."""
         problem = request_problem(request, self.vocab_size, self.takes_images)
         if problem is not None:
             return None, problem
@@ -43,6 +42,5 @@ class Admission:
         max_length = min(n + request.stopping.max_new_tokens, self.limits.max_total_tokens)
         seq = GaudiSequence(request, sink, make_sampler(request, self.vocab_size, self.watermark),
                             max_length=max_length,
-                            ignore_eos=request.stopping.ignore_eos or self.ignore_eos,
-                            queued_at=queued_at)
+                            ignore_eos=request.stopping.ignore_eos or self.ignore_eos)
         return seq, ""

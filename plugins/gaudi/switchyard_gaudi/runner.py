@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from switchyard_engine.grammar import GrammarSupport, apply_grammars
+from switchyard_engine.grammar_rows import GrammarRows
 from switchyard_engine.logprobs import prompt_scores
 from switchyard_engine.sampling import RowSampler, SampledToken, sample_step
 from switchyard_spec import TopToken
@@ -60,8 +61,10 @@ class StaticRunner:
                  shapes: int, capture_prefill: bool = True,
                  group: ShardGroup | None = None, model_folder: str | None = None) -> None:
         self.model_folder = model_folder
+        self.grammar_rows = GrammarRows(lambda: self.model_folder)
+        """Constrained decoding for this model, built when the first constrained request
+        arrives (or at warmup), from ``model_folder``."""
         """Where the tokenizer is, for constrained decoding (rank 0 only)."""
-        self.grammar: GrammarSupport | None = None
         """Built when the first constrained request arrives (the toolkit's masking)."""
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
@@ -159,18 +162,13 @@ class StaticRunner:
         if all(seq.request.constraint is None for seq in seqs):
             return []
         for seq in seqs:
-            self.start_grammar(seq)
+            self.grammar_rows.start(seq)
         return apply_grammars(self.grammar, logits, samplers)
 
-    def start_grammar(self, seq: GaudiSequence) -> None:
-        """Start compiling ``seq``'s grammar in the worker, unless it has one already."""
-        if seq.request.constraint is None or seq.sampler.grammar is not None:
-            return
-        if self.grammar is None and self.model_folder is not None:
-            # Sized to the logits' width: padded vocabulary columns are always masked.
-            self.grammar = GrammarSupport(self.model_folder, seq.sampler.vocab_size)
-        if self.grammar is not None:
-            seq.sampler.grammar = self.grammar.start(seq.request)
+    @property
+    def grammar(self) -> GrammarSupport | None:
+        """The model's grammar support, once the first constrained request built it."""
+        return self.grammar_rows.support
 
     def warm(self, shape: Shape) -> None:
         """Run ``shape`` once on padding alone (padding rows write only to free rows)."""

@@ -1,4 +1,4 @@
-"""One request's life in the Gaudi engine: its cache row and its queue timing.
+"""One request's life in the Gaudi engine: its cache row and its arrival order.
 
 A sequence waits in the queue until a prefill step takes it; from then on it
 owns one row of the static KV cache (``row``) until it finishes. Its
@@ -9,7 +9,6 @@ keys and values of all but the newest token, which the next decode step feeds.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 
 from switchyard_engine.sequence import BaseSequence
@@ -19,13 +18,10 @@ _arrivals = itertools.count()
 
 @dataclass(eq=False)
 class GaudiSequence(BaseSequence):
-    """A request being served: the toolkit's sequence, plus its cache row and queue timing."""
+    """A request being served: the toolkit's sequence, plus its cache row and arrival order."""
 
     arrival: int = field(default_factory=lambda: next(_arrivals))
     """Submission order: ties between equal prompt lengths go to the earlier one."""
-    queued_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
-    """When its prefill step began (ends its queue time)."""
     row: int | None = None
     """Its row of the KV cache while it runs."""
 

@@ -1,11 +1,13 @@
 """XeonEngine: continuous batching on the CPU with stock PyTorch.
 
 The gateway's calls (``submit``, ``abort``) only put commands on a queue; one
-daemon thread owns the model, the cache and the scheduler and runs the loop:
-take commands, admit and abort at the step boundary, let the scheduler choose
-the step's work (decodes, prefill chunks, newcomers; preempting when the paged
+daemon thread owns the model, the cache and the scheduler and runs the
+toolkit's loop (:class:`~switchyard_engine.compute_loop.ComputeLoop`): take
+commands, admit and abort at the step boundary, let the scheduler choose the
+step's work (decodes, prefill chunks, newcomers; preempting when the paged
 cache runs out), run one forward over the packed batch, emit one event per
-sequence that produced a token, drop the finished ones.
+sequence that produced a token, drop the finished ones. This module is the
+engine's side of that loop: its scheduler, runner and cache behind the hooks.
 
 Pieces, each in its own module: ``assembly`` (start-up on the compute
 thread: placement, dtypes, path, loading, packing, cache, runner),
@@ -24,28 +26,20 @@ loop ahead of the queue; ``probe_liveness()`` runs that check and waits for it.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections.abc import Sequence as Seq
 
-import msgspec
-import torch
-from switchyard_engine.compile_hold import CompileHold
-from switchyard_engine.lifecycle import deliver, start_compute_thread
-from switchyard_engine.liveness import PROBE_TIMEOUT_S, Liveness
+from switchyard_engine.compute_loop import ComputeLoop, Step
+from switchyard_engine.sampling import SampledToken
 from switchyard_spec import (
-    Engine,
     EngineConfig,
     EngineRequest,
     EngineStartError,
-    EngineStats,
     EventSink,
-    FinishReason,
     ModelInfo,
     QuantizationMethod,
     SamplingParams,
-    StepObserver,
-    StepReport,
     StoppingParams,
     TokenEvent,
     WarmupReport,
@@ -53,7 +47,7 @@ from switchyard_spec import (
 
 from switchyard_xeon import assembly, machine, quantized
 from switchyard_xeon.admission import Admission
-from switchyard_xeon.events import emit, record_results
+from switchyard_xeon.events import record_results
 from switchyard_xeon.ipex_support import Acceleration
 from switchyard_xeon.runner import ModelRunner
 from switchyard_xeon.scheduler import Scheduler
@@ -62,35 +56,8 @@ from switchyard_xeon.stats import CacheStats, cache_stats, engine_stats
 
 logger = logging.getLogger("switchyard.xeon")
 
-_IDLE_WAIT_S = 0.5
-"""How long an idle loop sleeps before re-checking for shutdown."""
 
-
-class _QueueClock:
-    """A submitted sequence's sink that puts its queue time on its first event.
-
-    Queue time (the contract's ``TokenEvent.queue_seconds``, TGI's) runs from
-    ``submit`` until the first forward step the sequence is in; the loop sets
-    ``started`` when that step begins.
-    """
-
-    __slots__ = ("first", "sink", "started", "submitted")
-
-    def __init__(self, sink: EventSink) -> None:
-        self.sink = sink
-        self.submitted = time.perf_counter()
-        self.started: float | None = None
-        self.first = True
-
-    def __call__(self, event: TokenEvent) -> None:
-        if self.first:
-            self.first = False
-            started = self.started if self.started is not None else time.perf_counter()
-            event = msgspec.structs.replace(event, queue_seconds=started - self.submitted)
-        self.sink(event)
-
-
-class XeonEngine(Engine):
+class XeonEngine(ComputeLoop[Sequence]):
     """A continuous-batching engine for one model on the CPU.
 
     ``config`` comes from the gateway. ``config.options`` may set
@@ -106,28 +73,21 @@ class XeonEngine(Engine):
     (the gateway's ``/health`` runs it in a worker thread).
     """
 
+    thread_name = "switchyard-xeon"
+    log = logger
+
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.info: ModelInfo | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, object, object]] = queue.SimpleQueue()
-        self._compiling: CompileHold[Sequence] = CompileHold()
-        """Constrained sequences whose grammar is still compiling (owned by the loop)."""
-        self._lock = threading.Lock()
-        self._closed = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(config)
         self._runner: ModelRunner | None = None
         self._scheduler: Scheduler | None = None
         self._admission: Admission | None = None
-        self._steps = 0
+        self._batch: list[Sequence] = []
+        """The last step's sequences: an empty one lets the loop block on its inbox."""
         self.acceleration: Acceleration | None = None
         """What :func:`~switchyard_xeon.ipex_support.detect_acceleration` found at start."""
         self.placement: machine.CpuPlacement | None = None
         """The CPUs (NUMA node) chosen at start; see :func:`machine.choose_cpus`."""
-        self._stats = EngineStats(running=0, waiting=0)
         self._cache_stats = CacheStats()
-        self._liveness = Liveness(self._loop_alive, self._submit_probe)
-        self._observer: StepObserver | None = None
         self._quantization: QuantizationMethod | None = None
 
     # ----------------------------------------------------------- lifecycle
@@ -149,8 +109,7 @@ class XeonEngine(Engine):
                 f"xeon engine: --num-shard {self.config.num_shard or 'all'} is not supported; it "
                 "serves a model on one process (drop --sharded/--num-shard)")
         self._quantization = quantized.check_method(self.config)
-        self._thread, info = start_compute_thread("switchyard-xeon", self._load, self._loop)
-        return info
+        return self._start_loop()
 
     def _load(self) -> ModelInfo:
         """On the compute thread: place it, load and pack the model, size the cache
@@ -191,245 +150,73 @@ class XeonEngine(Engine):
             raise EngineStartError(f"xeon warmup failed: {error}")
         seconds = time.perf_counter() - begin
         logger.info("warmup done in %.2fs", seconds)
-        self._wrap_tokenizer()
+        if self._runner is not None:  # before reporting warm: see GrammarRows.prepare
+            self._runner.grammar_rows.prepare(self.info.vocab_size, logger)
         blocks = self._scheduler.blocks
         return WarmupReport(seconds=seconds,
                             max_batch_total_tokens=blocks.num_blocks * blocks.block_size,
                             max_batch_size=self._scheduler.limits.max_batch_size)
 
-    def _wrap_tokenizer(self) -> None:
-        """Wrap the tokenizer for constrained decoding before the engine reports warm.
-
-        Otherwise a model's first constrained request waits for the wrap, and
-        done in the background after warmup it takes CPU from the first
-        requests served. A failure is logged here and reported by the first
-        constrained request, not fatal: unconstrained requests need no wrap.
-        """
-        wrap = self._runner.prepare_grammar(self.info.vocab_size) if self._runner else None
-        if wrap is None:
-            return
-        begin = time.perf_counter()
-        try:
-            wrap.result(timeout=300)
-        except Exception as exc:  # noqa: BLE001 - reported again by the first constrained request
-            logger.warning("constrained decoding: the tokenizer's wrap failed (%s)", exc)
-            return
-        logger.info("constrained decoding: tokenizer wrapped in %.2fs",
-                    time.perf_counter() - begin)
-
     def shutdown(self) -> None:
         """Stop the loop; sequences still live end with ``ABORTED``."""
-        self._stop.set()
-        self._inbox.put(("wake", None, None))
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-        else:
-            self._close()
+        super().shutdown()
         self._runner = None
-        logger.info("xeon engine shut down")
-
-    # -------------------------------------------------------------- health
-    def healthy(self) -> bool:
-        """Cheap and non-blocking: the loop is alive and no liveness probe has failed.
-
-        After a forward step fails (and until one succeeds), each call starts
-        a liveness probe in the background if none is running; its outcome
-        shows in the answers of later calls. A probe that has not finished by
-        its deadline counts as failed.
-        """
-        return self._liveness.healthy()
-
-    def probe_liveness(self, timeout: float = PROBE_TIMEOUT_S, force: bool = False) -> bool:
-        """Whether the engine can still generate; blocks up to ``timeout`` seconds.
-
-        While every step since the last check has succeeded this answers at
-        once, like :meth:`healthy`. After a failed forward step (or a failed
-        probe), or with ``force``, it runs a real 1-token generation through
-        the compute loop, ahead of queued requests, and returns whether it
-        produced a token in time. Callers on an event loop should run it in a
-        worker thread (``await asyncio.to_thread(engine.probe_liveness, 5.0)``).
-        Concurrent callers share one probe.
-        """
-        return self._liveness.probe(timeout, force)
-
-    def _loop_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _submit_probe(self, request_id: str, sink: EventSink) -> None:
-        """Queue a 1-token greedy generation that jumps the queue."""
-        assert self.info is not None
-        request = EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=(self.info.eos_token_ids[0] if self.info.eos_token_ids else 0,),
-            sampling=SamplingParams(),
-            stopping=StoppingParams(max_new_tokens=1, ignore_eos=True),
-            logprobs=False,
-        )
-        self._enqueue("probe", request, sink)
-
-    # ------------------------------------------------------ gateway calls
-    def submit(self, request: EngineRequest, sink: EventSink) -> None:
-        """Queue a request for the loop; never blocks."""
-        self._enqueue("submit", request, _QueueClock(sink))
-
-    def set_step_observer(self, observer: StepObserver | None) -> None:
-        """Report every forward step (method, sizes, time, queue, cache) to ``observer``."""
-        self._observer = observer
-
-    def _enqueue(self, kind: str, request: EngineRequest, sink: EventSink) -> None:
-        """Hand a request to the loop, or end it at once when the engine is shut down."""
-        with self._lock:
-            if not self._closed:
-                self._inbox.put((kind, request, sink))
-                return
-        deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
-                                  error="engine is shut down"))
-
-    def abort(self, request_id: str) -> None:
-        """Ask the loop to drop ``request_id`` at the next step boundary."""
-        self._inbox.put(("abort", request_id, None))
-
-    def stats(self) -> EngineStats:
-        """The snapshot the loop left after its last step (see :func:`stats.engine_stats`)."""
-        return self._stats
 
     def cache_stats(self) -> CacheStats:
         """KV-cache usage, prefix-cache hits and preemptions after the last step (non-blocking)."""
         return self._cache_stats
 
-    # --------------------------------------------------------------- loop
-    def _loop(self) -> None:
-        assert self._scheduler is not None and self._runner is not None
-        sched = self._scheduler
-        batch: list[Sequence] = []
-        try:
-            with torch.inference_mode():
-                while not self._stop.is_set():
-                    # Wait for commands only when the last step found nothing to do.
-                    self._take_commands(block=not batch)
-                    if self._stop.is_set():
-                        break
-                    for ready in self._compiling.release():
-                        sched.add(ready)
-                    batch = sched.schedule()
-                    if batch:
-                        self._run_step(batch)
-                    self._publish_stats()
-        except BaseException:
-            logger.exception("xeon engine loop crashed")
-            raise
-        finally:
-            self._close()
+    # ------------------------------------------------- the loop's hooks
+    def _build(self, request: EngineRequest, sink: EventSink) -> tuple[Sequence | None, str]:
+        assert self._admission is not None
+        return self._admission.build(request, sink)
 
-    def _take_commands(self, block: bool) -> None:
-        """Apply queued submits and aborts in the order they were made."""
-        wait = self._compiling.idle_wait(_IDLE_WAIT_S)
-        try:
-            item = self._inbox.get(timeout=wait) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, payload, sink = item
-            if kind in ("submit", "probe"):
-                self._admit(payload, sink, front=kind == "probe")  # type: ignore[arg-type]
-            elif kind == "abort":
-                self._abort(str(payload))
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+    def _start_grammar(self, seq: Sequence) -> None:
+        if self._runner is not None:
+            self._runner.grammar_rows.start(seq)
 
-    def _admit(self, request: EngineRequest, sink: EventSink, front: bool = False) -> None:
-        assert self._scheduler is not None and self._admission is not None
-        if self._scheduler.find(request.request_id) is not None or any(
-                s.request_id == request.request_id for s in self._compiling):
-            deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
-                                      error="request_id is already live"))
-            return
-        seq, error = self._admission.build(request, sink)
-        if seq is None:
-            deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,
-                                      prompt_tokens=len(request.prompt_token_ids), error=error))
-            return
-        if request.constraint is not None and self._runner is not None:
-            self._runner.start_grammar(seq)  # compiles in the worker from now on
-            if self._compiling.hold(seq):
-                return
+    def _queue(self, seq: Sequence, front: bool) -> None:
+        assert self._scheduler is not None
         self._scheduler.add(seq, front=front)
 
-    def _abort(self, request_id: str) -> None:
-        assert self._scheduler is not None
-        held = next((s for s in self._compiling if s.request_id == request_id), None)
-        if held is not None and self._compiling.remove(held):
-            emit(held, -1, finish=FinishReason.ABORTED)
-            return
-        seq = self._scheduler.find(request_id)
-        if seq is not None:
-            self._scheduler.finish(seq)
-            emit(seq, -1, finish=FinishReason.ABORTED)
+    def _find(self, request_id: str) -> Sequence | None:
+        return self._scheduler.find(request_id) if self._scheduler is not None else None
 
-    def _run_step(self, batch: list[Sequence]) -> None:
+    def _live(self) -> list[Sequence]:
+        sched = self._scheduler
+        return [*sched.running, *sched.waiting] if sched is not None else []
+
+    def _drop(self, seq: Sequence) -> None:
+        assert self._scheduler is not None
+        self._scheduler.finish(seq)
+
+    def _idle(self) -> bool:
+        return not self._batch
+
+    def _next_step(self) -> Step[Sequence] | None:
         assert self._scheduler is not None and self._runner is not None
-        begin = time.perf_counter()
-        for seq in batch:  # a sequence's first step ends its queue time
-            if type(seq.sink) is _QueueClock and seq.sink.started is None:
-                seq.sink.started = begin
+        batch = self._batch = self._scheduler.schedule()
+        if not batch:
+            return None
         # Counted before the step moves the sequences on: decodes feed their newest token.
         decodes = sum(1 for s in batch if s.generated and s.remaining == 1)
-        fed = sum(s.num_scheduled for s in batch)
-        try:
-            results = self._runner.step(batch)
-        except Exception as exc:  # one bad step must not take the engine down
-            logger.exception("forward step over %d sequences failed", len(batch))
-            self._report_step(batch, fed - decodes, decodes, time.perf_counter() - begin, False)
-            self._liveness.step_failed()
-            for seq in batch:
-                self._scheduler.finish(seq)
-                emit(seq, -1, error=f"forward step failed: {type(exc).__name__}: {exc}")
-            return
-        seconds = time.perf_counter() - begin
-        self._steps += 1
-        self._liveness.step_succeeded()
-        record_results(self._scheduler, batch, results)
-        self._report_step(batch, fed - decodes, decodes, seconds, True)
+        prefill = sum(s.num_scheduled for s in batch) - decodes
+        runner = self._runner
+        return Step(seqs=batch, run=lambda: runner.step(batch),
+                    method="decode" if not prefill else "prefill" if not decodes else "mixed",
+                    prefill_tokens=prefill, decode_tokens=decodes)
 
-    def _report_step(self, batch: list[Sequence], prefill: int, decodes: int, seconds: float,
-                     ok: bool) -> None:
-        """Hand the step's ``StepReport`` to the observer, if one is installed."""
-        observer, sched = self._observer, self._scheduler
-        if observer is None or sched is None:
-            return
-        method = "decode" if not prefill else "prefill" if not decodes else "mixed"
-        blocks = sched.blocks
-        try:
-            observer(StepReport(
-                method=method, batch_size=len(batch), prefill_tokens=prefill,
-                decode_tokens=decodes, seconds=seconds, ok=ok, queue_size=len(sched.waiting),
-                kv_tokens_used=blocks.num_used_blocks * blocks.block_size,
-                kv_tokens_total=blocks.num_blocks * blocks.block_size))
-        except Exception:  # the contract says observers do not raise; the loop must not die
-            logger.exception("step observer raised")
+    def _record(self, step: Step[Sequence], results: Seq[SampledToken | None]) -> None:
+        assert self._scheduler is not None
+        record_results(self._scheduler, step.seqs, results)
+
+    def _usage(self) -> tuple[int, int, int]:
+        assert self._scheduler is not None
+        blocks = self._scheduler.blocks
+        return (len(self._scheduler.waiting), blocks.num_used_blocks * blocks.block_size,
+                blocks.num_blocks * blocks.block_size)
 
     def _publish_stats(self) -> None:
         assert self._scheduler is not None
         self._stats = engine_stats(self._scheduler, self._steps)
         self._cache_stats = cache_stats(self._scheduler)
-
-    def _close(self) -> None:
-        """Refuse new work and end every live or queued sequence with ``ABORTED``."""
-        with self._lock:
-            self._closed = True
-        sched = self._scheduler
-        for seq in [*sched.running, *sched.waiting] if sched is not None else []:
-            sched.finish(seq)  # type: ignore[union-attr]
-            emit(seq, -1, finish=FinishReason.ABORTED)
-        for seq in self._compiling:
-            self._compiling.remove(seq)
-            emit(seq, -1, finish=FinishReason.ABORTED)
-        while not self._inbox.empty():
-            kind, request, sink = self._inbox.get_nowait()
-            if kind in ("submit", "probe"):
-                deliver(sink, TokenEvent(request_id=request.request_id, token_id=-1,  # type: ignore
-                                          finish_reason=FinishReason.ABORTED))
-        if sched is not None:
-            self._publish_stats()

@@ -10,18 +10,13 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Sequence as Seq
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
-from switchyard_engine.grammar import (
-    GrammarSupport,
-    apply_grammars,
-    failed_state,
-    model_folder,
-)
+from switchyard_engine.grammar import GrammarSupport, apply_grammars, model_folder
+from switchyard_engine.grammar_rows import GrammarRows
 from switchyard_engine.logprobs import prompt_scores
 from switchyard_engine.sampling import SampledToken, sample_step
 from switchyard_spec import EngineStartError, TopToken
@@ -168,9 +163,11 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.prefill_kernel = prefill_kernel
         self.device = cache.device
-        self.grammar: GrammarSupport | None = None
-        """Constrained decoding for this model, built when the first constrained request
-        arrives (from the folder the model was loaded from); an engine may set it."""
+        # Constrained decoding for this model, built when the first constrained request
+        # arrives (from the folder the model was loaded from); the native kernel, where
+        # it loaded, writes the masks in one pass.
+        self.grammar_rows = GrammarRows(lambda: model_folder(self._forward),
+                                        mask=lambda: load_kernels().token_mask)
 
     def step(self, seqs: Seq[Sequence]) -> list[SampledToken | None]:
         """Feed every sequence its ``num_scheduled`` tokens; choose the next token where due.
@@ -228,39 +225,13 @@ class ModelRunner:
         for seq in seqs:
             if seq.request.constraint is not None:
                 constrained = True
-                self.start_grammar(seq)
+                self.grammar_rows.start(seq)
         return constrained
 
-    def start_grammar(self, seq: Sequence) -> None:
-        """Start compiling ``seq``'s grammar in the worker, unless it has one already."""
-        if seq.request.constraint is None or seq.sampler.grammar is not None:
-            return
-        grammar = self._grammar_support(seq.sampler.vocab_size)
-        if grammar is None:  # the row fails alone (GrammarState.error), not the step
-            seq.sampler.grammar = failed_state(
-                "constrained decoding: the folder the model was loaded from is unknown")
-            return
-        seq.sampler.grammar = grammar.start(seq.request)
-
-    def prepare_grammar(self, vocab_size: int) -> Future[Any] | None:
-        """Build the grammar support and start wrapping the tokenizer in its worker, so the
-        first constrained request pays only its own compile; the wrap's future, or None
-        where the model's folder is unknown. ``vocab_size`` is the logits' width. Call it
-        before requests arrive (at warmup): it is not thread-safe against
-        :meth:`start_grammar`."""
-        grammar = self._grammar_support(vocab_size)
-        return grammar.prepare() if grammar is not None else None
-
-    def _grammar_support(self, vocab_size: int) -> GrammarSupport | None:
-        """The model's grammar support, built on first use; None when its folder is unknown."""
-        if self.grammar is None:
-            folder = model_folder(self._forward)
-            if folder is None:
-                return None
-            # The samplers are sized to the logits' width (padded vocabularies included);
-            # the native kernel, where it loaded, writes the masks in one pass.
-            self.grammar = GrammarSupport(folder, vocab_size, mask=load_kernels().token_mask)
-        return self.grammar
+    @property
+    def grammar(self) -> GrammarSupport | None:
+        """The model's grammar support, once the first constrained request built it."""
+        return self.grammar_rows.support
 
     def forward(self, seqs: Seq[Sequence], keep: Seq[int] | None = None) -> torch.Tensor:
         """Logits at the packed positions ``keep`` ([len(keep), vocab]).

@@ -42,9 +42,6 @@ class Sequence(BaseSequence):
     """Tokens the coming step feeds, from ``num_cached`` on (set by the scheduler)."""
     preemptions: int = 0
     """Times this sequence lost its cache and went back to the waiting queue."""
-    cached_tokens: int | None = None
-    """Prompt tokens the prefix cache gave it when it was first admitted (None before):
-    ``TokenEvent.cached_tokens``. A readmission after preemption does not change it."""
 
     @property
     def remaining(self) -> int:
