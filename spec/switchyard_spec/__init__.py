@@ -1,7 +1,10 @@
 """The Switchyard plugin contract: hooks, the engine interface and the records they exchange.
 
-Plugin authors import everything they need from here and nothing from the
-gateway. This package imports neither torch nor the gateway.
+A plugin imports the contract from here and, for the torch work engines
+share (loading, sampling, grammar masks, the compute loop), the engine
+toolkit ``switchyard_engine`` (the ``switchyard-engine`` distribution); never
+the gateway (``switchyard``), which its distribution does not depend on. This
+package imports nothing of ours, and no torch.
 """
 
 from switchyard_spec.engine import Engine
