@@ -148,6 +148,7 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
         watermark = WatermarkConfig.from_env()
     except ValueError as exc:
         raise EngineStartError(str(exc)) from None
+    method = serve_gguf_blocks(config, method, placed.cpu.flags)
     precision = choose_precision(config, method, placed.cpu.flags)
     dtype = precision.dtype
     kind, path = choose_model_path(config, method)
@@ -205,6 +206,31 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                           watermark, takes_images=loaded.info.takes_images)
     return Assembled(loaded.info, runner, scheduler, admission)
+
+
+def serve_gguf_blocks(config: EngineConfig, method: QuantizationMethod | None,
+                      cpu_flags: frozenset[str]) -> QuantizationMethod | None:
+    """``method``, or None where it reads a GGUF folder's blocks (``config_quant_method``
+    "gguf", which the gateway picks by itself) that the quantized panels cannot run here.
+
+    No native kernels (a CPU without AVX2 + FMA), ``linears=stock`` or
+    ``--dtype bfloat16`` without AVX512_BF16 would stop start-up for any
+    weight-only method; such a folder holds every kept linear in float32
+    too, the same values, so it serves those instead (logged), as it did
+    before its blocks were kept.
+    """
+    if method is None or method.config_quant_method != "gguf":
+        return method
+    try:  # what choose_precision asks of a weight-only method
+        quantized.quantized_dtype(config, method, resolve_dtype(config.dtype, cpu_flags),
+                                  bf16_dot_available(config.options),
+                                  _option(config.options, "linears", LINEARS))
+    except EngineStartError as exc:
+        logger.info("xeon engine: --quantize %s: the GGUF blocks are served dequantized, from "
+                    "the folder's float32 weights (the same values): %s", method.name,
+                    str(exc).removeprefix("xeon engine: "))
+        return None
+    return method
 
 
 def choose_precision(config: EngineConfig, method: QuantizationMethod | None,

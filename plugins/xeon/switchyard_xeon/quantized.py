@@ -53,6 +53,8 @@ def check_method(config: EngineConfig) -> QuantizationMethod | None:
 
     ``config.quantize`` must come resolved (``config.quantization``, as the
     gateway builds it) to a method with a format the engine's kernels run.
+    (A GGUF folder's blocks that the panels cannot run here are served
+    dequantized instead: :func:`switchyard_xeon.assembly.serve_gguf_blocks`.)
     """
     method = config.quantization
     if config.quantize is None and method is None:
