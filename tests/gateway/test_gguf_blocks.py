@@ -1,4 +1,4 @@
-"""A GGUF file's Q4_0 linears kept as blocks by the conversion, and who serves them.
+"""A GGUF file's Q4_0 (and Q4_1) linears kept as blocks by the conversion, and who serves them.
 
 The conversion (``switchyard.models.gguf``) keeps, beside the float32
 folder, the blocks of each linear whose GGUF tensor is Q4_0, found by
@@ -60,13 +60,18 @@ def test_the_q4_0_linears_are_kept_and_are_the_float_weights_bit_for_bit(tiny_fo
                                      else name)
             assert np.array_equal(values.view(np.uint32), want.numpy().view(np.uint32)), name
     source = json.loads((tiny_folder / "switchyard-gguf.json").read_text())
-    assert source["kept_blocks"] == {"Q4_0": 13} and source["conversion_version"] == "2"
-    assert tiny_folder.name.endswith("-v2")
+    assert source["kept_blocks"] == {"Q4_0": 13} and source["conversion_version"] == "3"
+    assert tiny_folder.name.endswith("-v3")
+    # 18 bytes per 32 weights as blocks, 128 in float32: the head (49,152 x 64), and 2 layers
+    # of 64 x 64 q, 32 x 64 k, three 128 x 64 MLP matrices, and layer 1's 32 x 64 v, 64 x 64 o.
+    weights = 49_152 * 64 + 2 * (64 * 64 + 32 * 64 + 3 * 128 * 64) + 32 * 64 + 64 * 64
+    assert source["kept_bytes"] == {"blocks": weights // 32 * 18, "float32": weights * 4}
     caplog.set_level(logging.INFO, "switchyard.models")
     ensure_gguf_model(tiny_llama_gguf(model_cache), model_cache)  # found, not converted again
     assert (f"GGUF {TINY}: dequantized Q4_0 (13 tensors), Q8_0 (1 tensor) to float32; F32 "
             "(6 tensors) kept; blocks of Q4_0 (13 linears) kept as they are too "
-            f"(gguf-blocks/linears.safetensors); converted before, into {tiny_folder}"
+            "(gguf-blocks/linears.safetensors): 1.7 MiB (1,807,488 bytes) as blocks, 12.3 MiB "
+            f"(12,853,248 bytes) in float32; converted before, into {tiny_folder}"
             ) in caplog.text
 
 
@@ -85,17 +90,29 @@ def test_a_weight_that_differs_by_one_bit_keeps_no_blocks(tiny_folder, model_cac
     assert set(blocks) == KEPT - {"model.layers.1.mlp.down_proj.weight"}
 
 
-def test_a_version_1_folder_serves_unless_its_file_had_q4_0_tensors(tmp_path):
+def test_an_older_folder_serves_unless_its_file_had_tensors_of_a_type_kept_since(tmp_path):
+    """Version 2 kept Q4_0 blocks, version 3 Q4_1 blocks too: an older folder is what this
+    version writes when its file had no tensor of a type kept since."""
     sha = "ab" * 32
-    old = tmp_path / f"{sha[:16]}-v1"
-    old.mkdir()
-    (old / "switchyard-gguf.json").write_text(json.dumps(
-        {"block_types": {"F32": 61, "Q4_1": 210, "Q8_0": 1}}))
-    assert find_converted(tmp_path, sha) == old  # what version 2 would write
-    (old / "switchyard-gguf.json").write_text(json.dumps({"block_types": {"Q4_0": 1}}))
-    assert find_converted(tmp_path, sha) is None  # converted again, keeping the blocks
-    (tmp_path / f"{sha[:16]}-v2").mkdir()
-    assert find_converted(tmp_path, sha) == tmp_path / f"{sha[:16]}-v2"
+    v1, v2 = tmp_path / f"{sha[:16]}-v1", tmp_path / f"{sha[:16]}-v2"
+
+    def older(folder: Path, types: dict[str, int]) -> None:
+        folder.mkdir(exist_ok=True)
+        (folder / "switchyard-gguf.json").write_text(json.dumps({"block_types": types}))
+
+    older(v1, {"F32": 61, "Q8_0": 1, "Q5_K": 210})
+    assert find_converted(tmp_path, sha) == v1  # no blocks kept, then or now
+    older(v1, {"F32": 61, "Q4_1": 210, "Q8_0": 1})  # the default model's types
+    assert find_converted(tmp_path, sha) is None  # converted again, keeping the Q4_1 blocks
+    older(v2, {"F32": 61, "Q4_1": 210, "Q8_0": 1})
+    assert find_converted(tmp_path, sha) is None
+    older(v2, {"F32": 6, "Q4_0": 13, "Q8_0": 1})  # version 2 kept these Q4_0 blocks already
+    assert find_converted(tmp_path, sha) == v2
+    older(v1, {"Q4_0": 1})
+    (v2 / "switchyard-gguf.json").unlink()
+    assert find_converted(tmp_path, sha) is None
+    (tmp_path / f"{sha[:16]}-v3").mkdir()
+    assert find_converted(tmp_path, sha) == tmp_path / f"{sha[:16]}-v3"
 
 
 def _folder_with_blocks(tmp_path: Path) -> Path:

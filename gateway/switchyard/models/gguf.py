@@ -8,16 +8,17 @@ the architecture and its settings, the tokenizer and the chat template come
 from the file's metadata, and every quantized tensor is dequantized to
 float32. The result is saved as a plain model folder (config.json,
 safetensors, tokenizer, chat template) under
-``$SWITCHYARD_CACHE/gguf/<sha256 prefix>-v2``, prepared atomically
+``$SWITCHYARD_CACHE/gguf/<sha256 prefix>-v3``, prepared atomically
 (:func:`switchyard.models.cache.prepare_folder`), so that engines load a
 normal folder and the next start reuses it. One log line names the GGUF
 block types that were dequantized.
 
 Beside the float32 weights the folder keeps the GGUF blocks of the linear
 layers whose block type a weight format of the contract holds exactly
-(``switchyard_spec.GGUF_BLOCK_TYPES``: Q4_0), in
+(``switchyard_spec.GGUF_BLOCK_TYPES``: Q4_0 and Q4_1), in
 ``switchyard_spec.GGUF_BLOCKS_FILE``, so that an engine can serve them as
-they are (``--quantize gguf`` of the quant plugin) instead of widened. Which
+they are (``--quantize gguf`` of the quant plugin) instead of widened; the
+log line says how many bytes the kept linears take as blocks and in float32. Which
 float weight a GGUF tensor became is found by content, not by name: its
 rows, dequantized, must equal the weight's rows bit for bit, in some order
 (transformers permutes the rows of Llama's q and k projections), so a block
@@ -43,11 +44,14 @@ from switchyard.models.cache import cache_root, prepare_folder
 
 log = logging.getLogger("switchyard.models")
 
-CONVERSION_VERSION = "2"
+CONVERSION_VERSION = "3"
 """Bumped when the conversion below changes what it writes, so old folders are converted again.
 
-Version 2 keeps the blocks of ``GGUF_BLOCK_TYPES`` linears; a version 1 folder of a file
-with no tensor of those types holds what version 2 would, and is used as it is."""
+Version 2 keeps the blocks of Q4_0 linears, version 3 those of Q4_1 too (``KEPT_SINCE``);
+an older folder of a file with no tensor of a type kept since holds what this version
+would, and is used as it is."""
+KEPT_SINCE = {"Q4_0": 2, "Q4_1": 3}
+"""The conversion version that first kept the blocks of each of ``GGUF_BLOCK_TYPES``."""
 SOURCE_FILE = "switchyard-gguf.json"
 """What a converted folder records about its GGUF file (name, sha256, block types)."""
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
@@ -141,15 +145,19 @@ def converted_folder(root: Path, sha256: str) -> Path:
 
 def find_converted(root: Path, sha256: str) -> Path | None:
     """The folder the GGUF file of digest ``sha256`` was converted to under ``root``, if any:
-    this version's, or a version 1 folder of a file without ``GGUF_BLOCK_TYPES`` tensors
-    (the same folder this version writes, so it is not converted again)."""
+    this version's, or an older one of a file without tensors of the block types kept
+    since (``KEPT_SINCE``: the same folder this version writes, so it is not converted
+    again)."""
     current = converted_folder(root, sha256)
     if current.is_dir():
         return current
-    older = root / f"{sha256[:16]}-v1"
-    types = _read_source(older).get("block_types") if older.is_dir() else None
-    if isinstance(types, dict) and not set(types) & set(GGUF_BLOCK_TYPES):
-        return older
+    for version in range(int(CONVERSION_VERSION) - 1, 0, -1):
+        older = root / f"{sha256[:16]}-v{version}"
+        types = _read_source(older).get("block_types") if older.is_dir() else None
+        if isinstance(types, dict) and not any(
+                KEPT_SINCE.get(kind, int(CONVERSION_VERSION)) > version
+                for kind in set(types) & set(GGUF_BLOCK_TYPES)):
+            return older
     return None
 
 
@@ -212,6 +220,7 @@ def convert_gguf(gguf_path: Path, out: Path, sha256: str | None = None) -> None:
         "architecture": type(model).__name__,
         "block_types": dict(sorted(types.items())),
         "kept_blocks": dict(sorted(kept.items())),
+        "kept_bytes": kept_bytes(out) if kept else {},
         "dtype": "float32",
         "transformers": transformers.__version__,
         "conversion_version": CONVERSION_VERSION,
@@ -278,6 +287,25 @@ def keep_blocks(reader: object, model: object, out: Path) -> Counter[str]:
     return kept
 
 
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
+"""Bytes of a block of 32 weights, by the types of ``GGUF_BLOCK_TYPES``."""
+
+
+def kept_bytes(folder: Path) -> dict[str, int]:
+    """What the linears of ``folder``'s ``GGUF_BLOCKS_FILE`` take: ``{"blocks": bytes as the
+    file stores them, "float32": bytes as float32 weights}`` (from the file's header)."""
+    from safetensors import safe_open
+
+    blocks = floats = 0
+    with safe_open(str(folder / GGUF_BLOCKS_FILE), framework="np") as fh:
+        types = fh.metadata() or {}
+        for name in fh.keys():  # noqa: SIM118 (safe_open is no mapping)
+            rows, width = fh.get_slice(name).get_shape()
+            blocks += rows * width
+            floats += rows * width // BLOCK_BYTES[types[name]] * 32 * 4
+    return {"blocks": blocks, "float32": floats}
+
+
 _KEY_ROWS = 4096
 """Rows keyed per step (bounds the 8-byte-per-weight temporary)."""
 
@@ -305,7 +333,8 @@ def _read_source(folder: Path) -> dict[str, object]:
 
 
 def _describe(source: dict[str, object]) -> str:
-    """"dequantized Q4_1 (210 tensors), Q8_0 (1 tensor) to float32; F32 (61 tensors) kept"."""
+    """"dequantized Q4_1 (210 tensors), Q8_0 (1 tensor) to float32; F32 (61 tensors) kept;
+    blocks of Q4_1 (210 linears) kept as they are too (...): 61.9 MiB (...) as blocks, ..."."""
     types = source.get("block_types")
     if not isinstance(types, dict):
         return "block types unknown"
@@ -322,5 +351,15 @@ def _describe(source: dict[str, object]) -> str:
     kept = source.get("kept_blocks")
     if isinstance(kept, dict) and kept:
         linears = ", ".join(f"{k} ({v} linear{'s' if v != 1 else ''})" for k, v in kept.items())
-        parts.append(f"blocks of {linears} kept as they are too ({GGUF_BLOCKS_FILE})")
+        memory = ""
+        sizes = source.get("kept_bytes")
+        if isinstance(sizes, dict) and {"blocks", "float32"} <= set(sizes):
+            memory = (f": {_mib(sizes['blocks'])} as blocks, {_mib(sizes['float32'])} in "
+                      "float32")
+        parts.append(f"blocks of {linears} kept as they are too ({GGUF_BLOCKS_FILE}){memory}")
     return "; ".join(parts)
+
+
+def _mib(size: object) -> str:
+    """``56.6 MiB (59,351,040 bytes)``."""
+    return f"{int(size) / 2**20:.1f} MiB ({int(size):,} bytes)"  # type: ignore[call-overload]
