@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,6 +107,24 @@ def server(default_model_path: Path, model_cache: Path,
                         "--max-total-tokens", "512", "--max-input-tokens", "400")
     yield live
     stop_server(live)
+
+
+@pytest.fixture
+def gated_compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every grammar compile (the engine toolkit's ``GrammarSupport``, on either engine) waits
+    until the returned event is set; it is set at teardown."""
+    from switchyard_engine.grammar import GrammarSupport
+
+    gate = threading.Event()
+    original = GrammarSupport._compile
+
+    def compile_when_open(self, constraint):
+        assert gate.wait(30), "the test never opened the gate"
+        return original(self, constraint)
+
+    monkeypatch.setattr(GrammarSupport, "_compile", compile_when_open)
+    yield gate
+    gate.set()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

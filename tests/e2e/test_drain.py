@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, _free_port
-from tests.e2e.test_metrics import Scrape
+from tests.support.prometheus import Scrape
 
 NAME = "drain-test"
 MAX_INPUT, MAX_TOTAL, BATCH = 400, 512, 2

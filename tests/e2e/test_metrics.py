@@ -11,7 +11,6 @@ bucket bounds, counts by outcome), the log lines and the exported spans.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from switchyard.telemetry.exposition import format_number, render
 from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.prometheus import Scrape
 
 MODEL = "switchyard/tiny-llama-random"
 LABELS = {"model": MODEL, "engine": "xeon"}
@@ -49,42 +49,6 @@ def test_counters_render_without_total_or_created():
     text = render([registry]).decode()
     assert text == ('# HELP tgi_request_count doc\n# TYPE tgi_request_count counter\n'
                     'tgi_request_count{model="m"} 2\n')
-
-
-# ----------------------------------------------------------------- a parsed scrape
-
-
-@dataclass
-class Scrape:
-    """A parsed exposition: `# TYPE`s and samples (name, labels, value)."""
-
-    text: str
-    types: dict[str, str] = field(default_factory=dict)
-    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
-
-    @classmethod
-    def parse(cls, text: str) -> Scrape:
-        scrape = cls(text)
-        for line in text.splitlines():
-            if line.startswith("# TYPE "):
-                _, _, name, kind = line.split(" ")
-                scrape.types[name] = kind
-            elif line and not line.startswith("#"):
-                match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)", line)
-                assert match, f"unparsable sample line: {line!r}"
-                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
-                scrape.samples.append((match.group(1), labels, float(match.group(3))))
-        return scrape
-
-    def value(self, name: str, **labels: str) -> float:
-        """Sum of the samples of `name` whose labels include `labels` (0 when none)."""
-        return sum(v for n, ls, v in self.samples
-                   if n == name and all(ls.get(k) == w for k, w in labels.items()))
-
-    def bounds(self, name: str) -> list[str]:
-        """The `le` strings of histogram `name`'s buckets, in order, for our model."""
-        text_bounds = re.findall(rf'^{name}_bucket\{{[^}}]*le="([^"]+)"', self.text, re.M)
-        return list(dict.fromkeys(text_bounds))
 
 
 # ----------------------------------------------------------------- a collector

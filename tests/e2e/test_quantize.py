@@ -19,7 +19,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from switchyard_xeon.kernels import load_kernels
 from tests.conftest import start_server, stop_server
 from tests.quant.methods import method
-from tests.xeon.test_xeon_decoder import _with_bf16_matmuls
+from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.calibration import calibration_prompts
+from tests.support.dequantized_reference import with_dequantized_weights
+from tests.support.gptq_reference import gptq_bf16_reference, gptq_fp32_reference
+from tests.support.greedy import assert_greedy_near
+from tests.support.w8a8_reference import smoothquant_twin
 
 PROMPT = "The quick brown fox"
 NEW_TOKENS = 8
@@ -43,12 +48,10 @@ def test_an_unknown_method_stops_start_up_with_what_the_engine_can_run(
 def _reference_tokens(path, name: str) -> list[int]:
     """Greedy tokens of transformers with every linear over ``name``'s quantized weights, in
     the math the server computes here (:func:`_needs_kernels`)."""
-    from tests.xeon.test_xeon_quant_fma import _with_dequantized_weights
-
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    reference = (_with_bf16_matmuls(model, method(name)) if _bf16_dot(name)
-                 else _with_dequantized_weights(model, name))
+    reference = (with_bf16_matmuls(model, method(name)) if _bf16_dot(name)
+                 else with_dequantized_weights(model, name))
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     with torch.inference_mode():
         out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -117,12 +120,9 @@ def test_smoothquant_server_serves_the_w8a8_reference_to_both_clients(model_cach
     """TGI client (tokens) and OpenAI SDK (text) on ``--quantize smoothquant``.
 
     The reference is transformers with every linear W8A8 in PyTorch, smoothed
-    from statistics recorded in the test (``tests/xeon/test_xeon_w8a8.py``);
+    from statistics the tests record (``tests/support/w8a8_reference.py``);
     the tokens are checked teacher-forced, near ties allowed, as bf16 needs.
     """
-    from tests.xeon.test_xeon_decoder import _assert_greedy_near
-    from tests.xeon.test_xeon_w8a8 import _calibration_prompts, _smoothquant_twin
-
     if not load_kernels().w8a8:
         pytest.skip(f"no native W8A8 kernels here ({load_kernels().reason})")
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
@@ -133,12 +133,12 @@ def test_smoothquant_server_serves_the_w8a8_reference_to_both_clients(model_cach
     try:
         # The KV cache is bf16 where the engine says so (AVX512_BF16), fp32 elsewhere.
         bf16_cache = "a bf16 KV cache and fp32 activations" in live.log()
-        reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, {}), 0.5,
-                                      False, bf16_cache)
+        prompts = calibration_prompts("smoothquant", default_model_path)
+        reference = smoothquant_twin(model, prompts, 0.5, False, bf16_cache)
         response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
         tokens = [t.id for t in response.details.tokens]
         ids = tokenizer(PROMPT).input_ids
-        _assert_greedy_near(reference, [ids], [tokens], NEW_TOKENS)
+        assert_greedy_near(reference, [ids], [tokens], NEW_TOKENS)
         assert response.generated_text == tokenizer.decode(tokens)
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
         completion = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=NEW_TOKENS,
@@ -161,11 +161,6 @@ def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
 
     from safetensors.torch import load_file
 
-    from tests.xeon.test_xeon_checkpoints import _reference
-    from tests.xeon.test_xeon_decoder import _assert_greedy_near
-
-    from tests.xeon.test_xeon_quant_fma import gptq_fp32_reference
-
     _needs_kernels("int4")
     folder = tmp_path / "gptq"
     done = subprocess.run([sys.executable, "-m", "switchyard.cli", "quantize",
@@ -174,16 +169,16 @@ def test_a_gptq_folder_from_switchyard_quantize_serves_both_clients(model_cache,
     assert done.returncode == 0, done.stderr
     assert "28 linears as GPTQ 4-bit, group 64, checkpoint_format gptq (RTN)" in done.stdout
     bf16 = _bf16_dot("int4")  # bf16 dot products (the reference's near-tie tolerance), else fp32
-    reference = (_reference(folder, load_file(str(folder / "model.safetensors"))) if bf16
-                 else gptq_fp32_reference(folder))
+    reference = (gptq_bf16_reference(folder, load_file(str(folder / "model.safetensors")))
+                 if bf16 else gptq_fp32_reference(folder))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     live = start_server(model_cache, tmp_path, "--model-id", str(folder),
                         env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
     try:
         response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
         tokens = [t.id for t in response.details.tokens]
-        _assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS,
-                            **({} if bf16 else {"tol": 1e-4}))
+        assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS,
+                           **({} if bf16 else {"tol": 1e-4}))
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
         completion = client.completions.create(model=str(folder), prompt=PROMPT,
                                                max_tokens=NEW_TOKENS, temperature=0)

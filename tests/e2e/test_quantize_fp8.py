@@ -1,7 +1,7 @@
 """``switchyard serve --quantize fp8``, end to end, with the TGI and OpenAI clients.
 
 The reference is transformers with every linear in FP8 E4M3 math (float64,
-scaled by statistics recorded in the test: ``tests/xeon/test_xeon_fp8.py``)
+scaled by statistics the tests record: ``tests/support/fp8_reference.py``)
 and attention over a bf16 cache, as the engine keeps it; tokens are checked
 teacher-forced, near ties allowed, as every bf16 path is. One server serves
 both clients (the server start and its calibration are most of the time).
@@ -15,8 +15,9 @@ from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import start_server, stop_server
-from tests.xeon.test_xeon_decoder import _assert_greedy_near
-from tests.xeon.test_xeon_fp8 import _fp8_twin, _prompts
+from tests.support.calibration import calibration_prompts
+from tests.support.fp8_reference import fp8_twin
+from tests.support.greedy import assert_greedy_near
 
 PROMPT = "The quick brown fox"
 NEW_TOKENS = 8
@@ -26,14 +27,15 @@ def test_fp8_server_serves_the_fp8_reference_to_both_clients(model_cache, defaul
                                                             tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    reference = _fp8_twin(model, _prompts(default_model_path), attention="bf16_kv_sdpa")
+    reference = fp8_twin(model, calibration_prompts("fp8", default_model_path),
+                         attention="bf16_kv_sdpa")
     live = start_server(model_cache, tmp_path, "--quantize", "fp8", "--engine-option",
                         f"calibration_cache={tmp_path / 'calibration'}",
                         env={"TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN": "true"})
     try:
         response = Client(live.url, timeout=120).generate(PROMPT, max_new_tokens=NEW_TOKENS)
         tokens = [t.id for t in response.details.tokens]
-        _assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS)
+        assert_greedy_near(reference, [tokenizer(PROMPT).input_ids], [tokens], NEW_TOKENS)
         assert response.generated_text == tokenizer.decode(tokens)
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=120)
         completion = client.completions.create(model="tgi", prompt=PROMPT, max_tokens=NEW_TOKENS,

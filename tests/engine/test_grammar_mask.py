@@ -1,6 +1,7 @@
 """Masking logits with grammar bitmasks (switchyard_engine.grammar.mask_logits and
 GrammarSupport.apply) against a reference built independently: xgrammar's own
-bitmask, read bit by bit and applied by a plain PyTorch loop.
+bitmask, read bit by bit and applied by a plain PyTorch loop
+(``tests/support/grammar_mask.py``).
 
 Tiny tokenizer: the default model's byte-level BPE (2,048 tokens).
 """
@@ -25,40 +26,7 @@ from switchyard_spec import (
     StoppingParams,
 )
 
-
-def reference_mask(logits: torch.Tensor, words: torch.Tensor, index: list[int]) -> torch.Tensor:
-    """A copy of ``logits`` with row ``index[j]``'s token ``t`` set to -inf wherever bit
-    ``t % 32`` of ``words[j, t // 32]`` is 0, one row and one token at a time; rows
-    that allow nothing are left alone (the caller fails them)."""
-    out = logits.clone()
-    vocab = logits.shape[-1]
-    for j, r in enumerate(index):
-        row_words = [w & 0xFFFFFFFF for w in words[j].tolist()]
-        if not any(row_words):
-            continue
-        for t in range(vocab):
-            if not (row_words[t // 32] >> (t % 32)) & 1:
-                out[r, t] = float("-inf")
-    return out
-
-
-def _random_words(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
-    """Bitmask rows of every kind: few allowed tokens, few disallowed, random, none, all."""
-    width = (vocab + 31) // 32
-    words = torch.randint(-2**31, 2**31 - 1, (rows, width), generator=gen,
-                          dtype=torch.int64).to(torch.int32)
-    for j in range(rows):
-        kind = j % 5
-        if kind == 0:  # a few allowed tokens (JSON punctuation, keys)
-            keep = torch.rand(width, generator=gen) < 0.02
-            words[j] = torch.where(keep, words[j], torch.zeros_like(words[j]))
-            words[j, 0] |= 1 << (j % 31)  # at least one
-        elif kind == 1:  # a few disallowed tokens (the inside of a string)
-            full = torch.rand(width, generator=gen) < 0.9
-            words[j] = torch.where(full, torch.full_like(words[j], -1), words[j])
-        elif kind == 3 and j % 2:
-            words[j] = -1
-    return words
+from tests.support.grammar_mask import random_words, reference_mask
 
 
 @pytest.mark.parametrize("sparse_words", [0, 4, 64, 10**6])
@@ -75,7 +43,7 @@ def test_mask_logits_equals_the_bit_by_bit_reference(vocab, dtype, sparse_words,
     gen = torch.Generator().manual_seed(vocab + sparse_words)
     batch = 12
     index = [0, 2, 3, 5, 6, 7, 9, 11]  # rows 1, 4, 8, 10 are free text
-    words = _random_words(gen, len(index), vocab)
+    words = random_words(gen, len(index), vocab)
     if vocab == 100:  # a bitmask wider than the logits by whole words: their bits ignored
         words = torch.cat([words, torch.full((len(index), 2), -1, dtype=torch.int32)], dim=1)
     words[2] = 0  # allows nothing: reported, left alone
@@ -94,7 +62,7 @@ def test_mask_logits_on_a_non_contiguous_row_view():
     gen = torch.Generator().manual_seed(3)
     full = torch.randn(6, 80, generator=gen)
     view = full[::2]
-    words = _random_words(gen, 2, 80)
+    words = random_words(gen, 2, 80)
     expected = reference_mask(view, words, [0, 2])
     mask_logits(view, words, torch.tensor([0, 2]))
     assert torch.equal(view, expected)

@@ -2,7 +2,7 @@
 
 The reference is independent of the engine's code: the float model through
 plain transformers with every linear replaced by a float64 quantize-
-dequantize of the format (``tests/xeon/test_xeon_fp8.py``'s twin: PyTorch's
+dequantize of the format (``tests/support/fp8_reference.py``: PyTorch's
 ``float8_e4m3fn`` cast for the rounding, statistics recorded by a hook of
 the tests, not by the toolkit). The engine runs float32 on the CPU device,
 where its FP8 layer sums exact E4M3 products in fp32: only the order of fp32
@@ -29,8 +29,9 @@ from switchyard_gaudi.fp8_linears import Fp8Linear
 from switchyard_spec import ActivationStatistics, EngineConfig, EngineStartError
 
 from tests.quant.methods import method
-from tests.xeon.test_xeon_decoder import _assert_greedy_near
-from tests.xeon.test_xeon_fp8 import _fp8_twin, _Fp8Reference, _prompts
+from tests.support.calibration import calibration_prompts
+from tests.support.fp8_reference import Fp8Reference, fp8_twin
+from tests.support.greedy import assert_greedy_near
 
 from .conftest import (
     SMALL_ENV,
@@ -91,7 +92,7 @@ def test_fp8_linear_on_the_cpu_device_is_the_format_in_float64(rows, out_feature
     stats = ActivationStatistics(absmax=torch.full((in_features,), absmax), tokens=rows)
     layer = Fp8Linear(FP8.calibration.quantize(linear.weight.detach(), stats, {}), linear.bias,
                       Device("cpu", graphs=False))
-    want = _Fp8Reference(linear, absmax)(x.double())
+    want = Fp8Reference(linear, absmax)(x.double())
     with torch.inference_mode():
         got = layer(x)
     assert got.dtype == torch.float32 and layer.fp8_weight.dtype == torch.float8_e4m3fn
@@ -120,13 +121,13 @@ def test_greedy_tokens_match_the_fp8_reference_and_warmup_covers_serving(
         assert engine.compiles == warmed, "a shape compiled after warmup"
     finally:
         engine.shutdown()
-    reference = _fp8_twin(reference_llama, _prompts(default_model_path))
-    _assert_greedy_near(reference, PROMPTS, got, NEW, tol=FP32_TIE)
+    reference = fp8_twin(reference_llama, calibration_prompts("fp8", default_model_path))
+    assert_greedy_near(reference, PROMPTS, got, NEW, tol=FP32_TIE)
     # The check tells FP8 from float: the float model's own tokens fail it (its margins
     # against the FP8 reference measured 0.11-0.62 here; the engine's were all 0).
     plain = [generate_greedy(reference_llama, p, NEW) for p in PROMPTS]
     with pytest.raises(AssertionError):
-        _assert_greedy_near(reference, PROMPTS, plain, NEW, tol=FP32_TIE)
+        assert_greedy_near(reference, PROMPTS, plain, NEW, tol=FP32_TIE)
 
 
 def test_calibration_runs_once_through_the_toolkit_cache(default_model_path, tmp_path, caplog):
@@ -180,9 +181,9 @@ def test_switchyard_serve_gaudi_quantize_fp8_with_the_tgi_client(model_cache, de
     finally:
         stop_server(live)
     tokens = [t.id for t in response.details.tokens]
-    reference = _fp8_twin(reference_llama, _prompts(default_model_path))
+    reference = fp8_twin(reference_llama, calibration_prompts("fp8", default_model_path))
     ids = AutoTokenizer.from_pretrained(default_model_path)(prompt).input_ids
-    _assert_greedy_near(reference, [ids], [tokens], NEW, tol=FP32_TIE)
+    assert_greedy_near(reference, [ids], [tokens], NEW, tol=FP32_TIE)
     assert "calibrated on 16 prompts" in log and "29 linears as FP8 E4M3" in log
     assert "gaudi warmup:" in log
 

@@ -27,11 +27,8 @@ from switchyard_quant.gptq_layers import GptqSettings
 from switchyard_quant.gptq_solver import HessianAccumulator, gptq_quantize
 
 from tests.quant.methods import method
-from tests.quant.test_gptq_solver import (  # noqa: F401 (a fixture)
-    calibration_file,
-    served_with_the_tokens_of_its_weights,
-)
-from tests.quant.test_quant_checkpoints import LAYER, _folder, _gptq_config, _pack_rows
+from tests.support.gptq_layout import LAYER, gptq_config, pack_rows, quantized_folder
+from tests.support.gptq_reference import served_with_the_tokens_of_its_weights
 
 
 def _act_order_example(n: int = 16, k: int = 256, group: int = 64, seed: int = 0):
@@ -52,8 +49,8 @@ def _act_order_example(n: int = 16, k: int = 256, group: int = 64, seed: int = 0
 
 def _tensors(q, z, s, g_idx) -> dict[str, torch.Tensor]:
     """GPTQ v1: qweight [K/8, N] along K (the inputs' order), qzeros [G, N/8] minus one, g_idx."""
-    return {f"{LAYER}.qweight": _pack_rows(q).T.contiguous(),
-            f"{LAYER}.qzeros": _pack_rows((z - 1).T.contiguous()),
+    return {f"{LAYER}.qweight": pack_rows(q).T.contiguous(),
+            f"{LAYER}.qzeros": pack_rows((z - 1).T.contiguous()),
             f"{LAYER}.scales": s.T.contiguous(),
             f"{LAYER}.g_idx": g_idx}
 
@@ -64,8 +61,8 @@ def _tensors(q, z, s, g_idx) -> dict[str, torch.Tensor]:
 def test_an_act_order_folder_reads_as_the_weight_it_packs(tmp_path, k, group, ours):
     """Groups of G map onto the format's largest group dividing G; a short last group too."""
     q, z, s, g_idx, weight = _act_order_example(k=k, group=group)
-    folder = _folder(tmp_path, "f", _gptq_config(group=group, desc_act=True),
-                     _tensors(q, z, s, g_idx))
+    folder = quantized_folder(tmp_path, "f", gptq_config(group=group, desc_act=True),
+                              _tensors(q, z, s, g_idx))
     record = load_gptq(str(folder)).weights[LAYER]
     assert record.format == uint4_group_asym(ours)
     assert record.input_order is not None
@@ -76,22 +73,22 @@ def test_an_act_order_folder_reads_as_the_weight_it_packs(tmp_path, k, group, ou
 def test_a_g_idx_in_the_inputs_order_needs_no_permutation(tmp_path):
     """desc_act true but g_idx ``k // G`` (no input was moved): no input order."""
     q, z, s, _, _ = _act_order_example()
-    folder = _folder(tmp_path, "f", _gptq_config(desc_act=True),
-                     _tensors(q, z, s, (torch.arange(256) // 64).to(torch.int32)))
+    folder = quantized_folder(tmp_path, "f", gptq_config(desc_act=True),
+                              _tensors(q, z, s, (torch.arange(256) // 64).to(torch.int32)))
     assert load_gptq(str(folder)).weights[LAYER].input_order is None
 
 
 def test_g_idx_is_honoured_even_when_desc_act_is_false(tmp_path):
     """g_idx is what a reader dequantizes by (transformers does): desc_act is only a label."""
     q, z, s, g_idx, weight = _act_order_example(seed=4)
-    folder = _folder(tmp_path, "f", _gptq_config(desc_act=False), _tensors(q, z, s, g_idx))
+    folder = quantized_folder(tmp_path, "f", gptq_config(desc_act=False), _tensors(q, z, s, g_idx))
     record = load_gptq(str(folder)).weights[LAYER]
     assert torch.equal(method("gptq").dequantize(record).double(), weight.float().double())
 
 
 def _message(tmp_path, g_idx: torch.Tensor) -> str:
     q, z, s, _, _ = _act_order_example()
-    folder = _folder(tmp_path, "bad", _gptq_config(desc_act=True), _tensors(q, z, s, g_idx))
+    folder = quantized_folder(tmp_path, "bad", gptq_config(desc_act=True), _tensors(q, z, s, g_idx))
     with pytest.raises(CheckpointError) as raised:
         load_gptq(str(folder))
     return str(raised.value)
@@ -115,7 +112,7 @@ def test_a_g_idx_that_is_no_act_order_assignment_is_refused_naming_file_and_tens
 def test_desc_act_without_g_idx_is_refused(tmp_path):
     q, z, s, g_idx, _ = _act_order_example()
     tensors = {k: v for k, v in _tensors(q, z, s, g_idx).items() if not k.endswith("g_idx")}
-    folder = _folder(tmp_path, "f", _gptq_config(desc_act=True), tensors)
+    folder = quantized_folder(tmp_path, "f", gptq_config(desc_act=True), tensors)
     with pytest.raises(CheckpointError, match=rf"desc_act is true but there is no {LAYER}.g_idx"):
         load_gptq(str(folder))
 
@@ -190,9 +187,9 @@ def test_the_act_order_records_round_trip_through_the_writer_and_reader(tmp_path
     g_idx = stored["g_idx"].long()
     assert torch.equal(g_idx[record.input_order], torch.arange(K) // 64)
     tensors = {f"{LAYER}.{name}": t for name, t in stored.items()}
-    config = _gptq_config(desc_act=True, fmt="gptq" if int(record.zero_points.min()) > 0
-                          else "gptq_v2")
-    loaded = load_gptq(str(_folder(tmp_path, "f", config, tensors))).weights[LAYER]
+    config = gptq_config(desc_act=True, fmt="gptq" if int(record.zero_points.min()) > 0
+                         else "gptq_v2")
+    loaded = load_gptq(str(quantized_folder(tmp_path, "f", config, tensors))).weights[LAYER]
     gptq = method("gptq")
     assert torch.equal(gptq.dequantize(loaded), gptq.dequantize(record))
 

@@ -26,7 +26,8 @@ from switchyard_quant.gptq_layers import GptqSettings
 from switchyard_quant.gptq_solver import HessianAccumulator, gptq_quantize
 from switchyard_quant.int4 import dequantize_uint4, quantize_uint4, unpack_uint4_along_k
 
-from tests.quant.test_quant_checkpoints import _folder
+from tests.support.gptq_layout import folder_weights, quantized_folder
+from tests.support.gptq_reference import model_over, served_with_the_tokens_of_its_weights
 
 N, K, TOKENS = 48, 256, 2048
 
@@ -135,22 +136,14 @@ def test_the_solvers_weights_round_trip_through_the_writer_and_reader_exactly(tm
     tensors = {f"{layer}.{k}": v for k, v in gptq_tensors(record, v1).items()}
     config = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False,
               "checkpoint_format": "gptq" if v1 else "gptq_v2"}
-    loaded = load_gptq(str(_folder(tmp_path, "f", config, tensors))).weights[layer]
+    loaded = load_gptq(str(quantized_folder(tmp_path, "f", config, tensors))).weights[layer]
     assert torch.equal(loaded.data, record.data)
     assert torch.equal(loaded.zero_points.long(), record.zero_points.long())
     assert torch.equal(dequantize_uint4(loaded), dequantize_uint4(record))
 
 
-# The model: the gateway's tiny Llama, and a calibration file of standard library sources.
-
-
-@pytest.fixture(scope="module")
-def calibration_file(tmp_path_factory) -> Path:
-    from switchyard_quant.smoothquant import default_texts
-
-    path = tmp_path_factory.mktemp("calibration") / "texts.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in default_texts(4)))
-    return path
+# The model: the gateway's tiny Llama, and a calibration file of standard library sources
+# (``calibration_file``, tests/quant/conftest.py).
 
 
 @pytest.fixture(scope="module")
@@ -208,55 +201,20 @@ def test_gptq_is_deterministic_to_the_byte(gptq_folder, default_model_path, cali
         gptq_folder / "config.json").read_bytes()
 
 
-def _folder_weights(folder: Path) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """The folder's float tensors, each quantized linear's weight unpacked from GPTQ's layout
-    here, and the quantized linears' names."""
-    from tests.xeon.test_xeon_checkpoints import _unpack
-
-    quant = json.loads((folder / "config.json").read_text())["quantization_config"]
-    group, v1 = quant["group_size"], quant["checkpoint_format"] == "gptq"
-    desc_act = quant["desc_act"]
-    tensors = load_file(str(folder / "model.safetensors"))
-    floats = {k: v.float() for k, v in tensors.items()
-              if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
-    quantized = {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}
-    for prefix in quantized:
-        q = _unpack(tensors[f"{prefix}.qweight"].T.contiguous())  # [N, K]
-        zeros = _unpack(tensors[f"{prefix}.qzeros"]).T + (1 if v1 else 0)  # [N, G]
-        g = tensors[f"{prefix}.g_idx"].long()  # k // group, or act-order's groups
-        assert desc_act or torch.equal(g, torch.arange(q.shape[1]) // group)
-        scales = tensors[f"{prefix}.scales"].float().T
-        floats[f"{prefix}.weight"] = (q - zeros[:, g]).float() * scales[:, g]
-    return floats, quantized
-
-
-def _model_over(folder: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(folder)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, _ = model.load_state_dict(weights, strict=False)
-    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    model.tie_weights()
-    return model
-
-
 def test_gptq_lowers_the_models_error_on_its_calibration_texts(gptq_folder, default_model_path,
                                                                calibration_file, tmp_path):
     """Against RTN at the same group size: the logits' error on the calibration prompts."""
     from transformers import AutoTokenizer
 
     write_gptq(default_model_path, tmp_path / "rtn", 64)
-    exact = _model_over(Path(default_model_path),
-                        load_file(str(Path(default_model_path) / "model.safetensors")))
+    exact = model_over(Path(default_model_path),
+                       load_file(str(Path(default_model_path) / "model.safetensors")))
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     texts = [json.loads(line)["text"] for line in calibration_file.read_text().splitlines()]
     prompts = [torch.tensor([tokenizer(t).input_ids[:128]]) for t in texts]
 
     def error(folder: Path) -> float:
-        model = _model_over(folder, _folder_weights(folder)[0])
+        model = model_over(folder, folder_weights(folder)[0])
         with torch.inference_mode():
             return sum(float(((model(p).logits - exact(p).logits) ** 2).mean()) for p in prompts)
 
@@ -267,47 +225,6 @@ def test_gptq_lowers_the_models_error_on_its_calibration_texts(gptq_folder, defa
 def test_the_folder_is_detected_and_served_with_the_tokens_of_its_weights(gptq_folder):
     """Detected as GPTQ; the xeon engine's greedy tokens are transformers' over its weights."""
     served_with_the_tokens_of_its_weights(gptq_folder)
-
-
-def served_with_the_tokens_of_its_weights(gptq_folder: Path) -> None:
-    """Assert that ``gptq_folder`` is detected as GPTQ and the xeon engine's greedy tokens are
-    transformers' over its weights, unpacked here (skipped without native uint4 panels)."""
-    from switchyard.plugins import PluginHost
-    from switchyard_spec import EngineConfig
-    from switchyard_xeon.engine import XeonEngine
-    from switchyard_xeon.kernels import load_kernels
-
-    from tests.quant.methods import method
-    from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
-    from tests.xeon.test_xeon_checkpoints import NEW, PROMPTS, _ExactMatmul
-    from tests.xeon.test_xeon_decoder import _assert_greedy_near, _with_bf16_matmuls
-
-    name = PluginHost.from_entry_points().detect_quantization(None, gptq_folder)
-    assert name == "gptq"
-    status = load_kernels()
-    if not (status.uint4_dot or status.quant_fma):
-        pytest.skip(f"no native uint4 panels here ({status.reason})")
-    weights, quantized = _folder_weights(gptq_folder)
-    assert len(quantized) == 28
-    tol = {}
-    if status.uint4_dot:  # bf16 matmuls on the dot-product panels
-        twin = _with_bf16_matmuls(_model_over(gptq_folder, weights))
-        for prefix in quantized:
-            parent, _, child = prefix.rpartition(".")
-            setattr(twin.get_submodule(parent), child, _ExactMatmul(weights[f"{prefix}.weight"]))
-    else:  # fp32 math on the AVX2 + FMA panels
-        twin, tol = _model_over(gptq_folder, weights), {"tol": 1e-4}
-    engine = XeonEngine(EngineConfig(model_path=str(gptq_folder), dtype="auto", quantize=name,
-                                     quantization=method(name), options=dict(TEST_OPTIONS)))
-    engine.start()
-    try:
-        sink = Collector()
-        for i, prompt in enumerate(PROMPTS):
-            engine.submit(greedy_request(f"r{i}", prompt, NEW), sink)
-        got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
-    finally:
-        engine.shutdown()
-    _assert_greedy_near(twin, PROMPTS, got, NEW, **tol)
 
 
 def test_gptq_without_calibration_is_an_error(default_model_path, tmp_path, capsys):

@@ -22,6 +22,8 @@ from switchyard_spec import (
 )
 from switchyard_xeon.engine import XeonEngine
 
+from tests.support.tiny_models import DECODER_FAMILIES
+
 WAIT_S = 60.0
 TEST_OPTIONS = {"num_threads": "1"}
 """The tiny test model gains nothing from more threads, and on a busy machine (CI,
@@ -170,3 +172,15 @@ def hf_min_new_tokens(model: torch.nn.Module, prompt: list[int], max_new: int, m
     logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, ids,
                                                                                 strict=True)]
     return ids, logprobs
+
+
+@pytest.fixture(scope="module", params=sorted(DECODER_FAMILIES))
+def family_model(request, tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """A tiny random model of one family the hand-written decoder claims
+    (:data:`~tests.support.tiny_models.DECODER_FAMILIES`), saved as a model folder, and its
+    fp32 reference."""
+    torch.manual_seed(0)
+    model = DECODER_FAMILIES[request.param]().eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return folder, model

@@ -25,8 +25,9 @@ from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.runner import ModelRunner
 
 from tests.e2e.family_models import build_model
+from tests.support.greedy import transformers_greedy
+from tests.support.xeon_engines import engine_tokens, started_engine
 from tests.xeon.conftest import Collector, greedy_request, token_ids
-from tests.xeon.test_xeon_decoder import _engine_tokens, _generate, _started
 
 SLOPES6 = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.7, 0.03])
 
@@ -297,12 +298,12 @@ def test_greedy_tokens_on_the_paged_path_equal_generate(family, attention):
     """Three prompts together (batched decode, 16-token prefill chunks), then two prompts that
     share a 24-token prefix one after the other (the second reads the first's blocks)."""
     name, model, folder = family
-    engine = _started(folder, attention=attention)
+    engine = started_engine(folder, attention=attention)
     try:
         assert type(engine._runner) is ModelRunner  # the paged path, not the fallback
         if "gemma2" not in name:
             assert installed(engine._runner._forward.model)
-        assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+        assert engine_tokens(engine, PROMPTS, NEW) == transformers_greedy(model, PROMPTS, NEW)
         shared = PROMPTS[2][:24]
         pair = [shared + [5, 9, 11], shared + [40, 41]]
         hits = engine._scheduler.counters.prefix_hit_tokens
@@ -312,7 +313,7 @@ def test_greedy_tokens_on_the_paged_path_equal_generate(family, attention):
             engine.submit(greedy_request(f"p{i}", prompt, NEW), sink)
             got.append(token_ids(sink.wait(f"p{i}")))
         assert engine._scheduler.counters.prefix_hit_tokens - hits >= 20
-        assert got == _generate(model, pair, NEW)
+        assert got == transformers_greedy(model, pair, NEW)
     finally:
         engine.shutdown()
 
@@ -323,10 +324,10 @@ def test_forward_fallback_still_forces_the_fallback(tmp_path):
     torch.manual_seed(0)
     model = _model("bloom").eval()
     model.save_pretrained(tmp_path)
-    engine = _started(tmp_path, forward="fallback")
+    engine = started_engine(tmp_path, forward="fallback")
     try:
         assert type(engine._runner) is FallbackRunner
-        assert _engine_tokens(engine, PROMPTS[:1], 4) == _generate(model, PROMPTS[:1], 4)
+        assert engine_tokens(engine, PROMPTS[:1], 4) == transformers_greedy(model, PROMPTS[:1], 4)
     finally:
         engine.shutdown()
 

@@ -4,7 +4,7 @@ The round trip: the default model rounded by ``int4`` RTN into a GPTQ folder
 (``switchyard_quant.checkpoints.writer``); the folder's tensors unpacked here
 by GPTQ's documented layout, apart from the reader; the engine's greedy
 tokens those of transformers with those weights (bf16 inputs, as the panels
-compute; near ties allowed, ``_assert_greedy_near``). A folder that does not
+compute; near ties allowed, ``assert_greedy_near``). A folder that does not
 fit its config.json stops start-up with the tensor named.
 """
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from switchyard_spec import EngineConfig, EngineStartError
 from switchyard_quant.checkpoints.writer import write_gptq
@@ -25,11 +24,10 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 
 from tests.quant.methods import method
+from tests.support.gptq_layout import unpack_words
+from tests.support.gptq_reference import NEW, PROMPTS, gptq_bf16_reference, gptq_fp32_reference
+from tests.support.greedy import assert_greedy_near
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
-from tests.xeon.test_xeon_decoder import _assert_greedy_near, _with_bf16_matmuls
-
-PROMPTS = [[1, 17, 300, 45, 9, 1200, 77], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]]
-NEW = 10
 
 
 @pytest.fixture(scope="module")
@@ -53,26 +51,8 @@ def _engine_reference(folder: Path, tensors: dict[str, torch.Tensor]
     what its log calls the unquantized layers: bf16 matmuls on the uint4 dot panels
     (AVX512_BF16), else fp32 math on the AVX2 + FMA panels."""
     if load_kernels().uint4_dot:
-        return _reference(folder, tensors), {}, "bf16 weights for the rest"
-    from tests.xeon.test_xeon_quant_fma import gptq_fp32_reference
-
+        return gptq_bf16_reference(folder, tensors), {}, "bf16 weights for the rest"
     return gptq_fp32_reference(folder), {"tol": 1e-4}, "fp32 math for the rest"
-
-
-def _unpack(words: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] -> [R, 8 C]: value i of each word from bits 4i, least significant first."""
-    nibbles = [(words.long() >> (4 * i)) & 15 for i in range(8)]
-    return torch.stack(nibbles, -1).reshape(words.shape[0], -1)
-
-
-def _gptq_weight(tensors: dict[str, torch.Tensor], prefix: str, group: int) -> torch.Tensor:
-    """A GPTQ v1 layer's float weight [N, K]: qweight [K/8, N] along K, qzeros [G, N/8] minus one,
-    input k in group ``g_idx[k]`` (act-order) or ``k // group``."""
-    q = _unpack(tensors[f"{prefix}.qweight"].T.contiguous())  # [N, K]
-    zeros = _unpack(tensors[f"{prefix}.qzeros"]).T + 1  # [N, G]
-    scales = tensors[f"{prefix}.scales"].float().T
-    g = tensors.get(f"{prefix}.g_idx", torch.arange(q.shape[1]) // group).long()
-    return (q - zeros[:, g]).float() * scales[:, g]
 
 
 def _started(folder: Path, **options: str) -> XeonEngine:
@@ -97,8 +77,9 @@ def test_the_written_folder_is_gptq_of_the_int4_rtn(gptq_folder, default_model_p
     rtn = method("int4-g64").quantize(source[f"{prefix}.weight"].float())
     from switchyard_xeon.quantized import uint4_integers
 
-    assert torch.equal(_unpack(tensors[f"{prefix}.qweight"].T.contiguous()), uint4_integers(rtn))
-    assert torch.equal(_unpack(tensors[f"{prefix}.qzeros"]).T + 1, rtn.zero_points.long())
+    assert torch.equal(unpack_words(tensors[f"{prefix}.qweight"].T.contiguous()),
+                       uint4_integers(rtn))
+    assert torch.equal(unpack_words(tensors[f"{prefix}.qzeros"]).T + 1, rtn.zero_points.long())
     assert torch.equal(tensors[f"{prefix}.scales"], rtn.scales.T.half())
     assert f"{prefix}.weight" not in tensors
     assert torch.equal(tensors["lm_head.weight"], source["lm_head.weight"])  # kept in float
@@ -118,42 +99,10 @@ def test_a_gptq_folder_serves_the_greedy_tokens_of_its_weights(gptq_folder, capl
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
+    assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
     assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
     assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
             f"(28 linears), {rest}") in caplog.text
-
-
-def _reference(folder: Path, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """transformers with bf16 matmuls, every quantized linear over the folder's GPTQ weight."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
-    del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    floats = {k: v.float() for k, v in tensors.items() if not k.endswith(
-        (".qweight", ".qzeros", ".scales", ".g_idx"))}
-    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
-        floats[f"{prefix}.weight"] = _gptq_weight(tensors, prefix, 64)
-    missing, _ = model.load_state_dict(floats, strict=False)
-    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    model.tie_weights()
-    twin = _with_bf16_matmuls(model)
-    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
-        parent, _, child = prefix.rpartition(".")
-        setattr(twin.get_submodule(parent), child, _ExactMatmul(floats[f"{prefix}.weight"]))
-    return twin
-
-
-class _ExactMatmul(torch.nn.Module):
-    """bf16 inputs times the dequantized weight, summed in float64: the panels' products, exactly."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight.double()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.bfloat16().double(), self.weight).float()
 
 
 def _copy(folder: Path, tmp_path: Path) -> Path:
@@ -259,12 +208,11 @@ def test_an_act_order_folder_serves_the_greedy_tokens_of_its_weights(
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
+    assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
     assert "GPTQ (28 linears, 4 bits, group 64, checkpoint_format gptq)" in caplog.text
     # On the uint4 panels (not the stock fallback, which would dequantize and be right anyway).
     assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
             f"(28 linears), {rest}") in caplog.text
-
 
 
 def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_path, tmp_path):
@@ -290,4 +238,4 @@ def test_a_tied_embedding_model_saved_without_its_lm_head_serves(default_model_p
         got = [token_ids(sink.wait(f"r{i}")) for i in range(len(PROMPTS))]
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW, **tol)
+    assert_greedy_near(reference, PROMPTS, got, NEW, **tol)

@@ -10,34 +10,27 @@ projections and partial rotary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 
-from switchyard_spec import EngineConfig, QuantizationMethod
 from switchyard_xeon.decoder import (
     LlamaFamilyDecoder,
     TransformersForward,
     decoder_unsupported,
     row_blocks,
 )
-from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.linears import pack_linears
 from switchyard_xeon.machine import read_cpu_info
 
 from tests import kernel_paths
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, prompt_of, token_ids
-from tests.xeon.quantized_reference import QuantizedMatmul
-
-# head_dim 64: the size the native prefill kernel is built for, so the parity
-# tests cover it (and the decode kernel's vector path) on AVX-512 machines.
-SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=96, num_hidden_layers=3,
-             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-             initializer_range=0.1)
+from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.greedy import assert_greedy_near, transformers_greedy
+from tests.support.tiny_models import SMALL, llama, qwen2
+from tests.support.xeon_engines import engine_tokens, started_engine
+from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +126,6 @@ def test_native_ops_reject_bad_inputs(native_ops):
         native_ops.rms_norm(torch.zeros(2, 8), torch.zeros(9), 1e-6)
 
 
-
 def test_decode_layers_rejects_mismatched_layer_lists(native_ops):
     kernel_paths.require("decode_layers")
     ops = torch.ops.switchyard_xeon
@@ -151,109 +143,11 @@ def test_decode_layers_rejects_mismatched_layer_lists(native_ops):
 
 # ------------------------------------------------------------------ families
 
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return LlamaForCausalLM(LlamaConfig(**SMALL))
-
-
-def _mistral():
-    from transformers import MistralConfig, MistralForCausalLM
-
-    return MistralForCausalLM(MistralConfig(sliding_window=8, **SMALL))
-
-
-def _qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    # Window on the first layer only (max_window_layers=1); q/k/v carry biases.
-    config = Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=1, **SMALL)
-    model = Qwen2ForCausalLM(config)
-    assert model.model.layers[0].self_attn.q_proj.bias is not None
-    return model
-
-
-def _phi3():
-    from transformers import Phi3Config, Phi3ForCausalLM
-
-    config = Phi3Config(partial_rotary_factor=0.5, pad_token_id=0, **SMALL)
-    return Phi3ForCausalLM(config)
-
-
-FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
-    "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "phi3": _phi3,
-}
-
-
-def _generate(model: torch.nn.Module, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """transformers ``generate``'s greedy continuation of each prompt, one at a time."""
-    want = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                 dtype=torch.long), do_sample=False, max_new_tokens=new,
-                                 eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(prompt):].tolist())
-    return want
-
-
-BF16_TIE = 0.05
-"""Logit margin within which a bf16 engine may break a near tie differently from its reference."""
-
-
-def _assert_greedy_near(model: torch.nn.Module, prompts: list[list[int]],
-                        got: list[list[int]], new: int, tol: float = BF16_TIE) -> None:
-    """Each of ``got``'s tokens is ``model``'s greedy choice after the same prefix, or within
-    ``tol`` of it.
-
-    In bf16 every value that enters a matmul or the cache is rounded to 8
-    bits of mantissa, so where our fp32 sums differ from the reference's in
-    the last bit (a native kernel's summation order, -march=native code on
-    another CPU) one rounding can move a logit by about 1e-2 and flip a near
-    tie. The check is teacher-forced on our tokens: a flipped tie is one
-    step, not every step after it, and any real error (a wrong weight, row or
-    position) moves logits far more than ``tol``.
-    """
-    with torch.inference_mode():
-        for prompt, tokens in zip(prompts, got, strict=True):
-            assert len(tokens) == new
-            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-            chosen = logits.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-            margin = logits.max(-1).values - chosen
-            assert float(margin.max()) <= tol, (prompt, tokens, margin.tolist())
-
-
-def _started(folder: Path, dtype: str = "float32", **options: str) -> XeonEngine:
-    """A started engine (fp32 unless told) on ``folder``, small blocks, 16-token prefill chunks."""
-    engine = XeonEngine(EngineConfig(
-        model_path=str(folder), dtype=dtype, max_batch_prefill_tokens=16,
-        options={**TEST_OPTIONS, "block_size": "4", **options}))
-    engine.start()
-    return engine
-
-
-def _engine_tokens(engine: XeonEngine, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """Submit every prompt at once (their decode steps batch) and return their greedy tokens."""
-    sink = Collector()
-    for i, prompt in enumerate(prompts):
-        engine.submit(greedy_request(f"r{i}", prompt, new), sink)
-    return [token_ids(sink.wait(f"r{i}")) for i in range(len(prompts))]
-
 
 def _panels_here() -> bool:
     """Whether fp32 projections take the panel kernel here (AVX2 without AVX-512)."""
     flags = read_cpu_info().flags
     return {"avx2", "fma"} <= flags and "avx512f" not in flags
-
-
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_model(request, tmp_path_factory) -> tuple[Path, torch.nn.Module]:
-    """A tiny random model of one family, saved as a model folder, and its fp32 reference."""
-    torch.manual_seed(0)
-    model = FAMILIES[request.param]().eval()
-    folder = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(folder)
-    return folder, model
 
 
 def test_the_families_take_the_decoder_and_others_do_not(family_model):
@@ -282,12 +176,12 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     prompts = [prompt_of(n, start=s) for n, s in ((21, 1), (6, 2), (33, 3))]
     prompts = [[t % 500 + 1 for t in p] for p in prompts]
     new = 10
-    want = _generate(model, prompts, new)
+    want = transformers_greedy(model, prompts, new)
     got = {}
     panels = load_kernels().fn is not None
     for forward in ("auto", "decoder", "transformers"):
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = _started(folder, forward=forward, linears="panel")
+            engine = started_engine(folder, forward=forward, linears="panel")
         try:
             runner_forward = engine._runner._forward
             expected = TransformersForward if forward == "transformers" else LlamaFamilyDecoder
@@ -295,7 +189,7 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
             if forward != "transformers":
                 # decode steps in one native call (decode_layers.cpp) or a Python loop
                 assert (runner_forward.native is not None) == (forward == "auto" and panels)
-            got[forward] = _engine_tokens(engine, prompts, new)
+            got[forward] = engine_tokens(engine, prompts, new)
         finally:
             engine.shutdown()
     assert "forward: hand-written Llama-family decoder, native fused ops" in caplog.text
@@ -312,67 +206,21 @@ def test_engine_on_the_decoder_matches_transformers_generate(family_model, caplo
     assert got["transformers"] == want
 
 
-class _Bf16Matmul(torch.nn.Module):
-    """A linear as a bf16 matmul: input and weight rounded to bf16, fp32 sums and bias."""
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.weight = linear.weight.detach().bfloat16().float()
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.bfloat16().float(), self.weight, self.bias)
-
-
-def _bf16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
-    """transformers' SDPA attention over keys and values rounded to bf16, as a bf16 cache holds them."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key.bfloat16().float(), value.bfloat16().float(),
-                                  attention_mask, **kwargs)
-
-
-def _with_bf16_matmuls(model: torch.nn.Module,
-                       quantization: QuantizationMethod | None = None) -> torch.nn.Module:
-    """A copy of fp32 ``model`` as the engine runs ``--dtype bfloat16`` on bf16 dot panels.
-
-    Every linear is a bf16 matmul (over the weights ``quantization`` gives,
-    ``--quantize``: :class:`~tests.xeon.quantized_reference.QuantizedMatmul`)
-    and attention reads keys and values rounded to bf16 (the cache); the
-    embedding, norms and the rest stay fp32.
-    """
-    import copy
-
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register("bf16_kv_sdpa", _bf16_kv_sdpa)
-    AttentionMaskInterface.register("bf16_kv_sdpa", sdpa_mask)
-    twin = copy.deepcopy(model)
-    for parent in list(twin.modules()):
-        for name, child in parent.named_children():
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, _Bf16Matmul(child) if quantization is None
-                        else QuantizedMatmul(child, quantization))
-    twin.set_attn_implementation("bf16_kv_sdpa")
-    return twin
-
-
 def test_the_near_tie_check_rejects_other_tokens(family_model):
-    """``_assert_greedy_near`` is no blanket pass: the reference's own greedy tokens pass,
+    """``assert_greedy_near`` is no blanket pass: the reference's own greedy tokens pass,
     the same tokens with one changed do not."""
     _, model = family_model
     prompts = [[t % 500 + 1 for t in prompt_of(21, start=1)]]
-    want = _generate(model, prompts, 10)
-    _assert_greedy_near(model, prompts, want, 10, tol=0.0)
+    want = transformers_greedy(model, prompts, 10)
+    assert_greedy_near(model, prompts, want, 10, tol=0.0)
     wrong = [want[0][:4] + [(want[0][4] + 1) % 500] + want[0][5:]]
     with pytest.raises(AssertionError):
-        _assert_greedy_near(model, prompts, wrong, 10)
+        assert_greedy_near(model, prompts, wrong, 10)
 
 
 def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, caplog):
     """``--dtype bfloat16`` on AVX512_BF16: bf16 matmuls and KV cache, fp32 in between; parity
-    up to near ties (``_assert_greedy_near``).
+    up to near ties (``assert_greedy_near``).
 
     The reference is the same transformers model with each linear made a bf16
     matmul and attention over bf16-rounded keys and values; decode steps run
@@ -382,18 +230,18 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
     kernel_paths.require("panel_dot bf16")
     folder, model = family_model
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
-    reference = _with_bf16_matmuls(model)
+    reference = with_bf16_matmuls(model)
     for forward in ("auto", "decoder", "transformers"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = _started(folder, dtype="bfloat16", forward=forward)
+            engine = started_engine(folder, dtype="bfloat16", forward=forward)
         try:
             assert engine.info is not None and engine.info.dtype == "bfloat16"
             assert "bf16 weights and bf16 dot products" in caplog.text
             assert engine._runner.cache.dtype == torch.bfloat16
             if forward != "transformers":
                 assert (engine._runner._forward.native is not None) == (forward == "auto")
-            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10)
+            assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 10), 10)
         finally:
             engine.shutdown()
 
@@ -412,10 +260,10 @@ def test_big_steps_run_their_rows_in_blocks_with_the_same_tokens(tmp_path, monke
     from switchyard_xeon import decoder
 
     torch.manual_seed(0)
-    model = _qwen2().eval()  # biases on q|k|v
+    model = qwen2().eval()  # biases on q|k|v
     model.save_pretrained(tmp_path)
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (9, 2))]
-    want = _generate(model, prompts, 6)
+    want = transformers_greedy(model, prompts, 6)
     calls: list[int] = []
     real = decoder.row_blocks
 
@@ -426,9 +274,9 @@ def test_big_steps_run_their_rows_in_blocks_with_the_same_tokens(tmp_path, monke
 
     monkeypatch.setattr(decoder, "ROW_BLOCK", 5)
     monkeypatch.setattr(decoder, "row_blocks", spy)
-    engine = _started(tmp_path, forward="decoder")
+    engine = started_engine(tmp_path, forward="decoder")
     try:
-        assert _engine_tokens(engine, prompts, 6) == want
+        assert engine_tokens(engine, prompts, 6) == want
     finally:
         engine.shutdown()
     assert max(calls) >= 4  # a 16-token prefill step in blocks of at most 5 rows
@@ -437,21 +285,21 @@ def test_big_steps_run_their_rows_in_blocks_with_the_same_tokens(tmp_path, monke
 def test_a_bf16_checkpoint_run_in_fp32_gives_generate_tokens(tmp_path, caplog):
     """bf16 weights loaded in fp32 go back to bf16 storage (panels) without changing a token."""
     torch.manual_seed(0)
-    model = _llama().to(torch.bfloat16).eval()
+    model = llama().to(torch.bfloat16).eval()
     model.save_pretrained(tmp_path)
     model = model.float()
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((19, 1), (7, 2))]
-    want = _generate(model, prompts, 10)
+    want = transformers_greedy(model, prompts, 10)
     got = {}
     for storage in ("auto", "float32"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
-            engine = _started(tmp_path, panel_storage=storage)
+            engine = started_engine(tmp_path, panel_storage=storage)
         try:
             if _panels_here():
                 assert "linears: panel-packed float32" in caplog.text
                 assert ("13 hold only bf16 values" in caplog.text) == (storage == "auto")
-            got[storage] = _engine_tokens(engine, prompts, 10)
+            got[storage] = engine_tokens(engine, prompts, 10)
         finally:
             engine.shutdown()
     assert got["auto"] == got["float32"] == want

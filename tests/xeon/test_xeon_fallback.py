@@ -12,10 +12,8 @@ the middle of a generation, and preemption (its per-sequence cache rebuilt).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,44 +30,10 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.fallback import FallbackRunner
 from switchyard_xeon.runner import ModelRunner
 
+from tests.support.greedy import transformers_greedy
+from tests.support.tiny_models import IDS, LAYERS, MIXED_PROMPTS, saved_fallback_family
+from tests.support.xeon_engines import engine_tokens, started_engine, started_with_log
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
-from tests.xeon.test_xeon_decoder import _engine_tokens, _generate, _started
-
-IDS = dict(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2)
-"""Larger weights than the default 0.02, so attention is far from uniform and a position or
-cache error changes the tokens."""
-LAYERS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=128)
-
-
-def _build(name: str) -> torch.nn.Module:
-    import transformers as T
-
-    if name == "bloom":
-        return T.BloomForCausalLM(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, **IDS))
-    if name == "mpt":
-        return T.MptForCausalLM(T.MptConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=128,
-                                            expansion_ratio=2, **IDS))
-    if name == "stablelm":
-        return T.StableLmForCausalLM(T.StableLmConfig(intermediate_size=128,
-                                                      num_key_value_heads=2, **LAYERS, **IDS))
-    if name == "gemma2":  # soft-capped logits, and a window shorter than the long prompts
-        return T.Gemma2ForCausalLM(T.Gemma2Config(intermediate_size=128, num_key_value_heads=2,
-                                                  head_dim=16, sliding_window=8, **LAYERS, **IDS))
-    if name == "falcon":
-        return T.FalconForCausalLM(T.FalconConfig(**LAYERS, **IDS))
-    if name == "gpt_neox":
-        return T.GPTNeoXForCausalLM(T.GPTNeoXConfig(intermediate_size=128, **LAYERS, **IDS))
-    if name == "gptj":
-        return T.GPTJForCausalLM(T.GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-                                              n_positions=128, **IDS))
-    if name == "opt":
-        return T.OPTForCausalLM(T.OPTConfig(ffn_dim=128, word_embed_proj_dim=64, **LAYERS, **IDS))
-    if name == "gpt_bigcode":
-        return T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4,
-                                                          n_positions=128, **IDS))
-    raise KeyError(name)
-
 
 PATHS = {
     "bloom": "paged", "mpt": "paged", "stablelm": "fallback", "gemma2": "paged",
@@ -84,26 +48,7 @@ WHY = {
     "falcon": "does not use transformers' attention interface",
 }
 
-PROMPTS = [[(7 * i + s) % 500 + 3 for i in range(n)] for n, s in ((21, 1), (6, 2), (33, 3))]
 NEW = 8
-
-
-class _Records(logging.Handler):
-    """Collects the engine's log lines while a module-scoped fixture starts it."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _saved(name: str, folder: Path) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = _build(name).eval()
-    model.save_pretrained(folder)
-    return model
 
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
@@ -112,25 +57,17 @@ def family(request, tmp_path_factory) -> Iterator[tuple[str, torch.nn.Module, Xe
     """One family's reference model, its started engine and the engine's start-up log."""
     name = request.param
     folder = tmp_path_factory.mktemp(name)
-    model = _saved(name, folder)
-    records = _Records()
-    log = logging.getLogger("switchyard.xeon")
-    level = log.level
-    log.addHandler(records)
-    log.setLevel(logging.INFO)
-    try:
-        engine = _started(folder)
-    finally:
-        log.removeHandler(records)
-        log.setLevel(level)
-    yield name, model, engine, records.lines
+    model = saved_fallback_family(name, folder)
+    engine, lines = started_with_log(folder)
+    yield name, model, engine, lines
     engine.shutdown()
 
 
 def test_greedy_tokens_equal_generate(family):
     """Three prompts submitted together (shared steps, chunked prefill): ``generate``'s tokens."""
     _, model, engine, _ = family
-    assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+    want = transformers_greedy(model, MIXED_PROMPTS, NEW)
+    assert engine_tokens(engine, MIXED_PROMPTS, NEW) == want
 
 
 def test_start_up_logs_the_path_and_why(family):
@@ -149,7 +86,7 @@ def bloom(tmp_path_factory) -> Iterator[tuple[torch.nn.Module, Callable[..., Xeo
     """A Bloom reference model and a factory of engines on it, forced onto the fallback
     (Bloom takes the paged path by default), all shut down after."""
     folder = tmp_path_factory.mktemp("bloom_fb")
-    model = _saved("bloom", folder)
+    model = saved_fallback_family("bloom", folder)
     engines: list[XeonEngine] = []
 
     def start(**config: object) -> XeonEngine:
@@ -170,13 +107,13 @@ def test_prompt_logprobs_and_top_tokens_match_a_forward_pass(bloom):
     """Scored across two prefill chunks, beside a plain request, on the fallback path."""
     model, start = bloom
     engine = start()
-    prompt, top_n = PROMPTS[2], 3
+    prompt, top_n = MIXED_PROMPTS[2], 3
     sink = Collector()
     engine.submit(EngineRequest(
         request_id="scored", prompt_token_ids=tuple(prompt), prompt_logprobs=True,
         sampling=SamplingParams(top_n_tokens=top_n),
         stopping=StoppingParams(max_new_tokens=3, ignore_eos=True)), sink)
-    engine.submit(greedy_request("plain", PROMPTS[0], 3), sink)
+    engine.submit(greedy_request("plain", MIXED_PROMPTS[0], 3), sink)
     first = sink.wait("scored")[0]
     with torch.inference_mode():
         logits = model(torch.tensor([prompt])).logits[0].float()
@@ -192,7 +129,7 @@ def test_prompt_logprobs_and_top_tokens_match_a_forward_pass(bloom):
     # The first generated token: greedy, with its log-prob under the last prompt position.
     assert first.token_id == int(logits[-1].argmax())
     assert first.logprob == pytest.approx(float(logprobs[-1].max()), abs=1e-4)
-    assert token_ids(sink.wait("plain")) == _generate(model, [PROMPTS[0]], 3)[0]
+    assert token_ids(sink.wait("plain")) == transformers_greedy(model, [MIXED_PROMPTS[0]], 3)[0]
 
 
 def test_abort_mid_generation_frees_the_sequence(bloom):
@@ -207,12 +144,12 @@ def test_abort_mid_generation_frees_the_sequence(bloom):
         if len(sink.events("long")) == 3:
             engine.abort("long")
 
-    engine.submit(greedy_request("long", PROMPTS[1], 100), abort_at_third)
-    engine.submit(greedy_request("mate", PROMPTS[0], 12), sink)
+    engine.submit(greedy_request("long", MIXED_PROMPTS[1], 100), abort_at_third)
+    engine.submit(greedy_request("mate", MIXED_PROMPTS[0], 12), sink)
     long_events = sink.wait("long")
     assert long_events[-1].finish_reason is FinishReason.ABORTED
-    assert token_ids(long_events) == _generate(model, [PROMPTS[1]], 3)[0]
-    assert token_ids(sink.wait("mate")) == _generate(model, [PROMPTS[0]], 12)[0]
+    assert token_ids(long_events) == transformers_greedy(model, [MIXED_PROMPTS[1]], 3)[0]
+    assert token_ids(sink.wait("mate")) == transformers_greedy(model, [MIXED_PROMPTS[0]], 12)[0]
     runner = engine._runner
     deadline = time.monotonic() + 10
     while runner.live_caches and time.monotonic() < deadline:
@@ -227,8 +164,8 @@ def test_preempted_sequences_rebuild_their_cache(bloom):
     sequence still gets ``generate``'s tokens."""
     model, start = bloom
     engine = start(max_batch_total_tokens=48, max_total_tokens=48)
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][:14]]
-    assert _engine_tokens(engine, prompts, 12) == _generate(model, prompts, 12)
+    prompts = [MIXED_PROMPTS[0], MIXED_PROMPTS[1], MIXED_PROMPTS[0][:14]]
+    assert engine_tokens(engine, prompts, 12) == transformers_greedy(model, prompts, 12)
     assert engine.cache_stats().preemptions > 0
 
 
@@ -240,10 +177,11 @@ def test_forward_fallback_serves_a_paged_family(tmp_path):
     model = T.LlamaForCausalLM(T.LlamaConfig(intermediate_size=96, num_key_value_heads=2,
                                              **LAYERS, **IDS)).eval()
     model.save_pretrained(tmp_path)
-    engine = _started(tmp_path, forward="fallback")
+    engine = started_engine(tmp_path, forward="fallback")
     try:
         assert type(engine._runner) is FallbackRunner
-        assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+        want = transformers_greedy(model, MIXED_PROMPTS, NEW)
+        assert engine_tokens(engine, MIXED_PROMPTS, NEW) == want
     finally:
         engine.shutdown()
 
@@ -270,12 +208,12 @@ def test_a_model_with_attention_sinks_goes_back_to_its_own_attention(tmp_path):
         intermediate_size=32, num_local_experts=2, num_experts_per_tok=1, num_key_value_heads=2,
         head_dim=16, **LAYERS, **IDS)).eval()
     model.save_pretrained(tmp_path)
-    engine = _started(tmp_path)
+    engine = started_engine(tmp_path)
     try:
         assert type(engine._runner) is FallbackRunner
         assert engine._runner.model.config._attn_implementation == "eager"
-        prompts = PROMPTS[:2]
-        assert _engine_tokens(engine, prompts, 6) == _generate(model, prompts, 6)
+        prompts = MIXED_PROMPTS[:2]
+        assert engine_tokens(engine, prompts, 6) == transformers_greedy(model, prompts, 6)
     finally:
         engine.shutdown()
 
@@ -291,8 +229,9 @@ def test_a_model_with_one_attention_head_is_served(tmp_path, forward):
         intermediate_size=128, hidden_size=16, num_hidden_layers=2, num_attention_heads=1,
         num_key_value_heads=1, max_position_embeddings=128, **IDS)).eval()
     model.save_pretrained(tmp_path)
-    engine = _started(tmp_path, forward=forward)
+    engine = started_engine(tmp_path, forward=forward)
     try:
-        assert _engine_tokens(engine, PROMPTS, NEW) == _generate(model, PROMPTS, NEW)
+        want = transformers_greedy(model, MIXED_PROMPTS, NEW)
+        assert engine_tokens(engine, MIXED_PROMPTS, NEW) == want
     finally:
         engine.shutdown()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -28,14 +27,21 @@ from transformers.cache_utils import (
     StaticCache,
 )
 
-from switchyard_spec import EngineRequest, FinishReason, SamplingParams, StoppingParams
+from switchyard_spec import FinishReason
 from switchyard_xeon import fallback, padded_cache
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.fallback import FallbackRunner
 
-from tests.xeon.conftest import Collector, token_ids
-from tests.xeon.test_xeon_decoder import _started
-from tests.xeon.test_xeon_fallback import IDS, LAYERS, _build, _saved
+from tests.support.greedy import transformers_greedy
+from tests.support.joining_sequences import (
+    LOGPROB_TOL,
+    check_against_alone,
+    join_and_leave,
+    sequence_tokens,
+)
+from tests.support.tiny_models import IDS, LAYERS, fallback_family, saved_fallback_family
+from tests.support.xeon_engines import started_with_log
+from tests.xeon.conftest import token_ids
 
 HEADS, DIM = 2, 3
 
@@ -126,8 +132,8 @@ class _OddLayer(DynamicLayer):
 
 def test_only_plain_dynamic_caches_batch():
     assert padded_cache.unbatchable(_cache(3)) == ""
-    assert "StaticCache" in padded_cache.unbatchable(StaticCache(config=_build("stablelm").config,
-                                                                 max_cache_len=8))
+    static = StaticCache(config=fallback_family("stablelm").config, max_cache_len=8)
+    assert "StaticCache" in padded_cache.unbatchable(static)
     odd = _cache(3)
     odd.layers[0] = _OddLayer()
     assert padded_cache.unbatchable(odd) == "cache layer 0 is a _OddLayer"
@@ -150,7 +156,7 @@ def _gpt_oss() -> torch.nn.Module:
 
 def _model(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = _gpt_oss() if name == "gpt_oss" else _build(name)
+    model = _gpt_oss() if name == "gpt_oss" else fallback_family(name)
     if name == "gpt_oss":
         model.set_attn_implementation("eager")  # as the engine runs it (sinks)
     return model.eval()
@@ -191,10 +197,6 @@ class _Blocks:
         return [0] if seq_id in self.live else []
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    return [(37 * i + 11 * seed) % 500 + 3 for i in range(n)]
-
-
 SCHEDULE = [  # (sequence, tokens fed) per step; "-x" x finishes, "!x" x is aborted, "^x" preempted
     [("a", 8)], [("a", 8)], [("a", 6), ("b", 5)],
     [("a", 1), ("b", 1)],                      # both join an empty batch
@@ -216,7 +218,7 @@ PROMPT_LENGTHS = {"a": 22, "b": 5, "c": 20, "d": 7}
 
 def _drive(runner: FallbackRunner, blocks: _Blocks, model: torch.nn.Module) -> None:
     """Run SCHEDULE; every fed row's last logits must equal a forward over its tokens alone."""
-    seqs = {name: _Seq(name, _tokens(40, seed)) for seed, name in enumerate("abcd")}
+    seqs = {name: _Seq(name, sequence_tokens(40, seed)) for seed, name in enumerate("abcd")}
     for step, plan in enumerate(SCHEDULE):
         batch = []
         for item in plan:
@@ -316,73 +318,16 @@ def test_an_unbatchable_cache_keeps_per_sequence_forwards(monkeypatch):
 
 
 # ------------------------------------------------------------------ the engine
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 @pytest.fixture(scope="module", params=["bloom", "stablelm", "falcon", "gemma2"])
 def served(request, tmp_path_factory) -> Iterator[tuple[torch.nn.Module, XeonEngine, list[str]]]:
     folder = tmp_path_factory.mktemp(f"{request.param}_batching")
-    model = _saved(request.param, folder)
-    records = _Records()
-    log = logging.getLogger("switchyard.xeon")
-    level = log.level
-    log.addHandler(records)
-    log.setLevel(logging.INFO)
-    try:
-        # Bloom and Gemma 2 take the paged path by default: the fallback is asked for.
-        engine = _started(folder, forward="fallback")
-    finally:
-        log.removeHandler(records)
-        log.setLevel(level)
-    yield model, engine, records.lines
+    model = saved_fallback_family(request.param, folder)
+    # Bloom and Gemma 2 take the paged path by default: the fallback is asked for.
+    engine, lines = started_with_log(folder, forward="fallback")
+    yield model, engine, lines
     engine.shutdown()
-
-
-TOP_N = 2
-LOGPROB_TOL = 1e-4
-TIE = 1e-4
-"""fp32: a padded forward sums in another order than the reference, ~1e-6 apart; a token
-may differ from ``generate``'s only where the two best logits are closer than this."""
-
-
-def _request(rid: str, prompt: list[int], new: int, **extra: object) -> EngineRequest:
-    return EngineRequest(request_id=rid, prompt_token_ids=tuple(prompt),
-                         sampling=SamplingParams(top_n_tokens=TOP_N),
-                         stopping=StoppingParams(max_new_tokens=new, ignore_eos=True), **extra)
-
-
-def _check_against_alone(model: torch.nn.Module, prompt: list[int], events: list) -> None:
-    """Teacher-forced on the engine's tokens: each is the greedy choice (or within TIE of
-    it), with its log-prob and alternatives as a forward over prompt + tokens gives them."""
-    tokens = token_ids(events)
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-    logprobs = torch.log_softmax(logits, -1)
-    chosen = torch.tensor(tokens)[:, None]
-    margin = logits.max(-1).values - logits.gather(-1, chosen)[:, 0]
-    assert float(margin.max()) <= TIE, (prompt, tokens, margin.tolist())
-    got = [e for e in events if e.token_id >= 0]
-    torch.testing.assert_close(torch.tensor([e.logprob for e in got]),
-                               logprobs.gather(-1, chosen)[:, 0], atol=LOGPROB_TOL, rtol=0)
-    values, ids = logprobs.topk(TOP_N, -1)
-    for e, want_ids, want_values in zip(got, ids.tolist(), values.tolist(), strict=True):
-        if abs(want_values[0] - want_values[1]) > TIE:
-            assert [t.id for t in e.top_tokens] == want_ids
-        assert [t.logprob for t in e.top_tokens] == pytest.approx(want_values, abs=LOGPROB_TOL)
-
-
-def _greedy_alone(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                             dtype=torch.long), do_sample=False, max_new_tokens=new,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def test_start_up_logs_padded_decode_and_why(served):
@@ -391,36 +336,6 @@ def test_start_up_logs_padded_decode_and_why(served):
     assert line.startswith("fallback decode: one padded forward over a batched cache per step")
     assert "a probe step matched per-sequence forwards" in line
     assert engine._runner.mode.padded
-
-
-def join_and_leave(engine, new: dict[str, int]) -> tuple[dict[str, list[int]], dict[str, list]]:
-    """Five sequences over one engine, ``new[x]`` tokens each: a from the start; b joins at
-    a's 2nd token; c (a 33-token prompt in 16-token chunks, prompt log-probs) at a's 4th; e
-    runs from the start and is aborted at a's 6th; d joins when b finishes. Their prompts
-    and events."""
-    prompts = {"a": _tokens(21, 1), "b": _tokens(6, 2), "c": _tokens(33, 3),
-               "d": _tokens(11, 4), "e": _tokens(9, 5)}
-    sink = Collector()
-
-    def on_event(event):  # the loop thread: what it submits or aborts lands at the next step
-        sink(event)
-        if event.request_id == "a":
-            count = len(sink.events("a"))
-            if count == 2:
-                engine.submit(_request("b", prompts["b"], new["b"]), on_event)
-            elif count == 4:
-                engine.submit(_request("c", prompts["c"], new["c"], prompt_logprobs=True),
-                              on_event)
-            elif count == 6:
-                engine.abort("e")
-        elif event.request_id == "b" and event.finish_reason is not None:
-            engine.submit(_request("d", prompts["d"], new["d"]), on_event)
-
-    engine.submit(_request("a", prompts["a"], new["a"]), on_event)
-    engine.submit(_request("e", prompts["e"], new["e"]), on_event)
-    events = {rid: sink.wait(rid) for rid in "abce"}
-    events["d"] = sink.wait("d")
-    return prompts, events
 
 
 def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
@@ -438,8 +353,8 @@ def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
         assert all(e.error is None for e in got), rid
         if rid != "e":
             assert len(token_ids(got)) == new[rid], rid
-        _check_against_alone(model, prompts[rid], got)
-        want = _greedy_alone(model, prompts[rid], len(token_ids(got)))
+        check_against_alone(model, prompts[rid], got)
+        want = transformers_greedy(model, [prompts[rid]], len(token_ids(got)))[0]
         if token_ids(got) != want:  # only past a near tie (checked above, teacher-forced)
             first = next(i for i, (x, y) in enumerate(zip(token_ids(got), want)) if x != y)
             print(f"{rid}: differs from generate at token {first} (a near tie)")

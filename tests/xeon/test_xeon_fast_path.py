@@ -7,7 +7,6 @@ behind the parity tests of the whole engine.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import pytest
@@ -26,6 +25,8 @@ from switchyard_xeon.linears import (
 )
 
 from tests import kernel_paths
+from tests.support.paged_cases import random_paged_case
+from tests.support.tiny_models import tiny_llama
 from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
 
@@ -48,24 +49,6 @@ def naive_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             weights = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
             out[b, h] = weights @ values
     return out
-
-
-def random_case(dtype: torch.dtype, dim: int, heads: int, kv_heads: int, lens: list[int],
-                block: int = 16, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """A scattered pool and block tables padded with block 0, as the runner builds them."""
-    gen = torch.Generator().manual_seed(seed)
-    widths = [math.ceil(n / block) for n in lens]
-    num_blocks = sum(widths) + 3
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, used = [], 0
-    for w in widths:
-        tables.append(order[used : used + w] + [0] * (max(widths) - w))
-        used += w
-    k = torch.randn(kv_heads, num_blocks, block, dim, generator=gen).to(dtype)
-    v = torch.randn(kv_heads, num_blocks, block, dim, generator=gen).to(dtype)
-    q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
-    return (q, k, v, torch.tensor(tables, dtype=torch.int32),
-            torch.tensor(lens, dtype=torch.int32))
 
 
 CASES = [
@@ -91,7 +74,7 @@ def kernel() -> Callable[..., torch.Tensor]:
 @pytest.mark.parametrize("dtype,dim,heads,kv_heads,lens,window", CASES)
 def test_native_kernel_matches_the_definition(kernel, dtype, dim, heads, kv_heads, lens, window):
     kernel_paths.require("paged_attention")
-    q, k, v, tables, n = random_case(dtype, dim, heads, kv_heads, lens)
+    q, k, v, tables, n = random_paged_case(dtype, dim, heads, kv_heads, lens)
     got = kernel(q, k, v, tables, n, dim**-0.5, window)
     want = naive_decode(q, k, v, tables, n, dim**-0.5, window)
     assert got.dtype == dtype and got.shape == q.shape
@@ -101,7 +84,7 @@ def test_native_kernel_matches_the_definition(kernel, dtype, dim, heads, kv_head
 
 @pytest.mark.parametrize("dtype,dim,heads,kv_heads,lens,window", CASES)
 def test_portable_path_matches_the_definition(dtype, dim, heads, kv_heads, lens, window):
-    q, k, v, tables, n = random_case(dtype, dim, heads, kv_heads, lens, seed=1)
+    q, k, v, tables, n = random_paged_case(dtype, dim, heads, kv_heads, lens, seed=1)
     got = paged_decode_reference(q, k, v, tables, n, dim**-0.5, window)
     want = naive_decode(q, k, v, tables, n, dim**-0.5, window)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
@@ -112,7 +95,7 @@ def test_portable_path_matches_the_definition(dtype, dim, heads, kv_heads, lens,
 def test_kernel_reads_bf16_pools_under_an_fp32_query(kernel, dim, window):
     """The bf16 matmul mode's cache: bf16 pools, fp32 queries and output."""
     kernel_paths.require("paged_attention")
-    q, k, v, tables, n = random_case(torch.float32, dim, 6, 2, [1, 17, 40], seed=3)
+    q, k, v, tables, n = random_paged_case(torch.float32, dim, 6, 2, [1, 17, 40], seed=3)
     k, v = k.bfloat16(), v.bfloat16()
     got = kernel(q, k, v, tables, n, dim**-0.5, window)
     assert got.dtype == torch.float32
@@ -123,21 +106,11 @@ def test_kernel_reads_bf16_pools_under_an_fp32_query(kernel, dim, window):
 
 
 def test_kernel_rejects_bad_inputs(kernel):
-    q, k, v, tables, n = random_case(torch.float32, 64, 4, 2, [5])
+    q, k, v, tables, n = random_paged_case(torch.float32, 64, 4, 2, [5])
     with pytest.raises(RuntimeError, match="int32"):
         kernel(q, k, v, tables.long(), n, 0.125, 0)
     with pytest.raises(RuntimeError, match="dtype"):
         kernel(q.double(), k, v, tables, n, 0.125, 0)
-
-
-def tiny_llama(dtype: torch.dtype, bias: bool = False) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         attention_bias=bias, mlp_bias=bias)
-    return LlamaForCausalLM(config).to(dtype).eval()
 
 
 @pytest.mark.parametrize("panels", [False, True])

@@ -1,9 +1,9 @@
 """``--quantize fp8`` on the Xeon engine: FP8 E4M3 linears against a float64 reference of the format.
 
-The reference here is written from the format's definition in the contract
-(``FP8_E4M3_PER_TENSOR``), not from the engine's code: PyTorch's own
-``float8_e4m3fn`` cast for the rounding, float64 matmuls over the values
-the FP8 numbers stand for, statistics recorded by a hook of this file.
+The reference (``tests/support/fp8_reference.py``) is written from the format's
+definition in the contract (``FP8_E4M3_PER_TENSOR``), not from the engine's code:
+PyTorch's own ``float8_e4m3fn`` cast for the rounding, float64 matmuls over the
+values the FP8 numbers stand for, statistics recorded by a hook of the tests.
 
 Tolerances: products of E4M3 values are exact in fp32, so the engine's
 layer differs from the float64 reference by the order of its fp32 sums only:
@@ -11,7 +11,7 @@ a layer's outputs agree within 1e-5 of the largest one, and a whole model's
 logits within 1e-4 of the largest logit (an fp32 difference can move the
 next layer's E4M3 rounding by a step now and then). Greedy tokens through
 the engine's bf16 KV cache are checked teacher-forced with near ties
-allowed (``_assert_greedy_near``), as for every bf16 path.
+allowed (``assert_greedy_near``), as for every bf16 path.
 """
 
 from __future__ import annotations
@@ -29,64 +29,13 @@ from switchyard_xeon.engine import XeonEngine
 
 from tests import kernel_paths
 from tests.quant.methods import method
+from tests.support.calibration import calibration_prompts
+from tests.support.fp8_reference import Fp8Reference, fp8_twin
+from tests.support.greedy import assert_greedy_near
+from tests.support.xeon_engines import engine_tokens
 from tests.xeon.conftest import TEST_OPTIONS
-from tests.xeon.test_xeon_decoder import _assert_greedy_near, _bf16_kv_sdpa, _engine_tokens
-from tests.xeon.test_xeon_w8a8 import _statistics
 
 FP8 = method("fp8")
-E4M3_MAX = 448.0
-
-
-def _qdq(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """float64 of what ``x`` becomes as E4M3 with ``scale``: the format's rounding, by PyTorch's cast."""
-    e4m3 = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return e4m3.double() * scale
-
-
-class _Fp8Reference(torch.nn.Module):
-    """A linear in FP8 E4M3 math, float64: per-tensor weight scale, static input scale."""
-
-    def __init__(self, linear: torch.nn.Linear, input_absmax: float) -> None:
-        super().__init__()
-        weight = linear.weight.detach().float()
-        self.w = _qdq(weight, float(weight.abs().max()) / E4M3_MAX)
-        self.a = input_absmax / E4M3_MAX
-        self.bias = None if linear.bias is None else linear.bias.detach().double()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _qdq(x, self.a) @ self.w.T
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
-
-
-def _fp8_twin(model: torch.nn.Module, prompts: list[list[int]],
-              attention: str = "sdpa") -> torch.nn.Module:
-    """``model`` with every linear an :class:`_Fp8Reference` scaled by statistics recorded here."""
-    stats = _statistics(model, prompts)
-    twin = copy.deepcopy(model)
-    for prefix, parent in list(twin.named_modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                absmax = float(stats[f"{prefix}.{name}" if prefix else name].max())
-                setattr(parent, name, _Fp8Reference(child, absmax))
-    if attention != "sdpa":
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-        AttentionInterface.register(attention, _bf16_kv_sdpa)
-        AttentionMaskInterface.register(attention, sdpa_mask)
-    twin.set_attn_implementation(attention)
-    return twin
-
-
-def _prompts(path, options=None) -> list[list[int]]:
-    """The method's calibration texts, tokenized and cut as the engine does."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return [tokenizer(t).input_ids[: FP8.calibration.max_tokens]
-            for t in FP8.calibration.prompts(options or {})]
 
 
 # ------------------------------------------------------------------ the linear
@@ -132,14 +81,14 @@ def test_fp8_linear_matches_the_format_in_float64(rows, out_features, in_feature
     layer = fp8_linears.Fp8Linear(record, linear.bias)
     assert (layer.packed_weight is not None) == (path == "native")
     assert (layer.fp8_weight is None) == (path == "native")  # one copy of the weight
-    want = _Fp8Reference(linear, absmax)(x.double())
+    want = Fp8Reference(linear, absmax)(x.double())
     with torch.inference_mode():
         got = layer(x)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * float(want.abs().max()))
     with torch.inference_mode():  # bf16 in (a model loaded in bf16), bf16 out
         half = layer(x.bfloat16())
-    want = _Fp8Reference(linear, absmax)(x.bfloat16().double())
+    want = Fp8Reference(linear, absmax)(x.bfloat16().double())
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.double(), want, rtol=0, atol=2**-8 * float(want.abs().max()))
     with pytest.raises(ValueError, match="Fp8Linear runs fp8-e4m3-per-tensor"):
@@ -153,8 +102,8 @@ def test_fp8_model_logits_match_the_reference_and_what_fp8_costs(default_model_p
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    prompts = _prompts(default_model_path)
-    twin = _fp8_twin(model, prompts)
+    prompts = calibration_prompts("fp8", default_model_path)
+    twin = fp8_twin(model, prompts)
     ours = copy.deepcopy(model)
     line = fp8_linears.pack_fp8_linears(ours, FP8, collect_statistics(ours, prompts), {})
     assert line.startswith("29 linears as FP8 E4M3 (8 fused groups)") and "unit" not in line
@@ -203,14 +152,14 @@ def test_engine_greedy_tokens_match_the_fp8_reference(default_model_path, tmp_pa
     with caplog.at_level(logging.INFO, logger="switchyard.xeon"):
         engine = _engine(default_model_path, tmp_path, dtype, forward=forward)
     bf16_cache = "bf16 KV cache" in caplog.text
-    reference = _fp8_twin(model, _prompts(default_model_path),
-                          attention="bf16_kv_sdpa" if bf16_cache else "sdpa")
+    reference = fp8_twin(model, calibration_prompts("fp8", default_model_path),
+                         attention="bf16_kv_sdpa" if bf16_cache else "sdpa")
     try:
         assert "linears as FP8 E4M3" in caplog.text
-        got = _engine_tokens(engine, prompts, 8)
+        got = engine_tokens(engine, prompts, 8)
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, prompts, got, 8)
+    assert_greedy_near(reference, prompts, got, 8)
 
 
 def test_calibration_runs_once_and_bad_inputs_stop_start_up(default_model_path, tmp_path,

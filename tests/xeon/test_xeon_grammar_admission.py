@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import re
-import threading
 
-import pytest
-from switchyard_engine.grammar import GrammarSupport
 from switchyard_spec import (
     Constraint,
     ConstraintKind,
@@ -18,21 +15,6 @@ from switchyard_spec import (
 from .conftest import Collector, greedy_request, prompt_of, token_ids
 
 PATTERN = r"[a-c]{3}"
-
-
-@pytest.fixture
-def gated_compiles(monkeypatch):
-    """Every grammar compile waits until the returned event is set."""
-    gate = threading.Event()
-    original = GrammarSupport._compile
-
-    def compile_when_open(self, constraint):
-        assert gate.wait(30), "the test never opened the gate"
-        return original(self, constraint)
-
-    monkeypatch.setattr(GrammarSupport, "_compile", compile_when_open)
-    yield gate
-    gate.set()
 
 
 def test_a_compiling_grammar_does_not_stall_the_batch(make_engine, gated_compiles,

@@ -20,8 +20,8 @@ from switchyard_xeon.linears import PanelLinear, pack_linears
 
 from tests import kernel_paths
 from tests.quant.methods import method
+from tests.support.tiny_models import tiny_llama
 from tests.xeon.conftest import TEST_OPTIONS
-from tests.xeon.test_xeon_fast_path import tiny_llama
 
 INT8 = method("int8")
 

@@ -21,7 +21,6 @@ per expert hit). Checked here:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,16 +32,12 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.moe import GroupedExperts, group_experts, layout_unsupported
 
 from tests import kernel_paths
+from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.greedy import assert_greedy_near, transformers_greedy
+from tests.support.joining_sequences import check_against_alone, join_and_leave
+from tests.support.tiny_models import IDS, LAYERS, MIXED_PROMPTS
+from tests.support.xeon_engines import engine_tokens, started_engine, started_with_log
 from tests.xeon.conftest import token_ids
-from tests.xeon.test_xeon_decoder import (
-    _assert_greedy_near,
-    _engine_tokens,
-    _generate,
-    _started,
-    _with_bf16_matmuls,
-)
-from tests.xeon.test_xeon_fallback import IDS, LAYERS, PROMPTS, _Records
-from tests.xeon.test_xeon_fallback_batching import _check_against_alone, join_and_leave
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen2_moe_norm")
 
@@ -149,17 +144,8 @@ def served(request, tmp_path_factory) -> Iterator[tuple[torch.nn.Module, XeonEng
     """One family's reference model, its started fp32 engine and the engine's start-up log."""
     folder = tmp_path_factory.mktemp(request.param)
     model = _saved(request.param, folder)
-    records = _Records()
-    log = logging.getLogger("switchyard.xeon")
-    level = log.level
-    log.addHandler(records)
-    log.setLevel(logging.INFO)
-    try:
-        engine = _started(folder)
-    finally:
-        log.removeHandler(records)
-        log.setLevel(level)
-    yield model, engine, records.lines
+    engine, lines = started_with_log(folder)
+    yield model, engine, lines
     engine.shutdown()
 
 
@@ -183,7 +169,7 @@ def test_start_up_logs_grouped_experts(served):
 def test_greedy_tokens_equal_generate(served):
     """Three prompts submitted together (shared steps, chunked prefill): ``generate``'s tokens."""
     model, engine, _ = served
-    assert _engine_tokens(engine, PROMPTS, 8) == _generate(model, PROMPTS, 8)
+    assert engine_tokens(engine, MIXED_PROMPTS, 8) == transformers_greedy(model, MIXED_PROMPTS, 8)
 
 
 def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
@@ -198,7 +184,7 @@ def test_sequences_joining_and_leaving_get_what_each_gets_alone(served):
         assert all(e.error is None for e in got), rid
         if rid != "e":
             assert len(token_ids(got)) == new[rid], rid
-        _check_against_alone(model, prompts[rid], got)
+        check_against_alone(model, prompts[rid], got)
     prompt = prompts["c"]
     with torch.inference_mode():
         logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
@@ -212,11 +198,12 @@ def test_the_models_own_experts_and_the_fallback_path(tmp_path, options):
     """``moe=model`` keeps transformers' experts; ``forward=fallback`` groups them too; both
     give ``generate``'s tokens."""
     model = _saved("mixtral", tmp_path)
-    engine = _started(tmp_path, **options)
+    engine = started_engine(tmp_path, **options)
     try:
         grouped = any(isinstance(m, GroupedExperts) for m in _runner_model(engine).modules())
         assert grouped == (options.get("moe") != "model")
-        assert _engine_tokens(engine, PROMPTS, 6) == _generate(model, PROMPTS, 6)
+        want = transformers_greedy(model, MIXED_PROMPTS, 6)
+        assert engine_tokens(engine, MIXED_PROMPTS, 6) == want
     finally:
         engine.shutdown()
 
@@ -250,16 +237,16 @@ class _Bf16Experts(torch.nn.Module):
 def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(name, tmp_path):
     kernel_paths.require("panel_dot bf16")
     model = _saved(name, tmp_path)
-    reference = _with_bf16_matmuls(model)
+    reference = with_bf16_matmuls(model)
     for parent in list(reference.modules()):
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("Experts"):
                 setattr(parent, child_name, _Bf16Experts(child))
-    prompts = PROMPTS[:2]
-    engine = _started(tmp_path, dtype="bfloat16")
+    prompts = MIXED_PROMPTS[:2]
+    engine = started_engine(tmp_path, dtype="bfloat16")
     try:
         grouped = [m for m in _runner_model(engine).modules() if isinstance(m, GroupedExperts)]
         assert grouped and all(m.bf16_dot for g in grouped for m in [*g.gate_up, *g.down])
-        _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10)
+        assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 10), 10)
     finally:
         engine.shutdown()

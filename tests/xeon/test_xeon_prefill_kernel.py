@@ -17,7 +17,7 @@ from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
 
 from tests import kernel_paths
-from tests.xeon.test_xeon_fast_path import random_case
+from tests.support.paged_cases import random_paged_case
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[in
           counts: list[int]):
     """Pools with each sequence's blocks scattered, q with a gap row between sequences."""
     seed = int(torch.randint(1 << 30, (1,), generator=gen))
-    _, k, v, tables, lens_t = random_case(pool_dtype, dim, 6, 2, lens, block=4, seed=seed)
+    _, k, v, tables, lens_t = random_paged_case(pool_dtype, dim, 6, 2, lens, block=4, seed=seed)
     starts, row = [], 0
     for n in counts:
         starts.append(row)

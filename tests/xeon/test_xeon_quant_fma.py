@@ -25,13 +25,12 @@ from switchyard_xeon.engine import XeonEngine
 
 from tests import kernel_paths
 from tests.quant.methods import method
+from tests.support.dequantized_reference import with_dequantized_weights
+from tests.support.gptq_reference import NEW, PROMPTS, gptq_fp32_reference
+from tests.support.greedy import assert_greedy_near
+from tests.support.tiny_models import tiny_llama
+from tests.support.xeon_engines import engine_tokens
 from tests.xeon.conftest import TEST_OPTIONS, prompt_of
-from tests.xeon.test_xeon_decoder import (  # noqa: F401 (family_model is a fixture)
-    _assert_greedy_near,
-    _engine_tokens,
-    family_model,
-)
-from tests.xeon.test_xeon_fast_path import tiny_llama
 
 FORMATS = {"int8": INT8_PER_CHANNEL, "int4-g32": uint4_group_asym(32),
            "int4-g64": uint4_group_asym(64), "int4-g128": uint4_group_asym(128),
@@ -134,26 +133,13 @@ def test_int4_decode_reads_about_an_eighth_of_fp32s_bytes(fma_panels):
     assert sizes["int4-g128"] < fp32_bytes / 8 * 1.15
 
 
-def _with_dequantized_weights(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """A copy of fp32 ``model`` whose linears hold the weights ``--quantize name`` stands for."""
-    import copy
-
-    quantization = method(name)
-    twin = copy.deepcopy(model)
-    with torch.no_grad():
-        for module in twin.modules():
-            if type(module) is torch.nn.Linear:
-                module.weight.copy_(quantization.dequantize(quantization.quantize(module.weight)))
-    return twin
-
-
 @pytest.mark.parametrize("name", ["int8", "int4"])
 def test_engine_in_fp32_matches_transformers_over_the_dequantized_weights(
-        fma_panels, family_model, name, caplog):  # noqa: F811 (the fixture, imported)
+        fma_panels, family_model, name, caplog):
     """``--dtype float32 --quantize``: greedy tokens are transformers' over the dequantized
     weights, in the native layer loop, the Python one and transformers' forward."""
     folder, model = family_model
-    reference = _with_dequantized_weights(model, name)
+    reference = with_dequantized_weights(model, name)
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
     with torch.inference_mode():
         x = torch.tensor([prompts[0]])
@@ -171,8 +157,8 @@ def test_engine_in_fp32_matches_transformers_over_the_dequantized_weights(
             assert "in fp32 math (AVX2 + FMA)" in caplog.text
             if forward == "auto":
                 assert engine._runner._forward.native is not None  # decode_layers.cpp
-            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10,
-                                tol=1e-4)
+            assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 10), 10,
+                               tol=1e-4)
         finally:
             engine.shutdown()
 
@@ -183,14 +169,14 @@ def test_int4_group_sizes_in_fp32_each_match_their_reference(fma_panels, tmp_pat
     model.save_pretrained(tmp_path)
     prompts = [[t % 90 + 1 for t in prompt_of(n, start=s)] for n, s in ((17, 1), (5, 3))]
     for name in ("int4-g32", "int4-g64"):
-        reference = _with_dequantized_weights(model, name)
+        reference = with_dequantized_weights(model, name)
         engine = XeonEngine(EngineConfig(model_path=str(tmp_path), dtype="float32",
                                          quantize=name, quantization=method(name),
                                          options={**TEST_OPTIONS, "block_size": "4"}))
         engine.start()
         try:
-            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 8), 8,
-                                tol=1e-4)
+            assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 8), 8,
+                               tol=1e-4)
         finally:
             engine.shutdown()
 
@@ -213,33 +199,10 @@ def test_bfloat16_without_bf16_dot_products_is_refused_clearly(default_model_pat
         engine.start()
 
 
-def gptq_fp32_reference(folder) -> torch.nn.Module:
-    """transformers in fp32 with every quantized linear over the GPTQ folder's dequantized
-    weight (group 64, as ``write_gptq(..., 64)`` writes): what the fma panels compute."""
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tests.xeon.test_xeon_checkpoints import _gptq_weight
-
-    tensors = load_file(str(folder / "model.safetensors"))
-    config = AutoConfig.from_pretrained(folder)
-    del config.quantization_config
-    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    floats = {k: v.float() for k, v in tensors.items()
-              if not k.endswith((".qweight", ".qzeros", ".scales"))}
-    for prefix in {k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")}:
-        floats[f"{prefix}.weight"] = _gptq_weight(tensors, prefix, 64)
-    missing, _ = reference.load_state_dict(floats, strict=False)
-    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    reference.tie_weights()
-    return reference
-
-
 def test_a_gptq_folder_serves_in_fp32_the_greedy_tokens_of_its_weights(
         fma_panels, default_model_path, tmp_path, caplog):
     """A checkpoint's uint4 layers on the fma panels: transformers over its dequantized weights."""
     from switchyard_quant.checkpoints.writer import write_gptq
-    from tests.xeon.test_xeon_checkpoints import NEW, PROMPTS
 
     folder = tmp_path / "gptq"
     write_gptq(default_model_path, folder, 64)
@@ -249,10 +212,10 @@ def test_a_gptq_folder_serves_in_fp32_the_greedy_tokens_of_its_weights(
                                      quantization=method("gptq"), options=dict(TEST_OPTIONS)))
     engine.start()
     try:
-        got = _engine_tokens(engine, PROMPTS, NEW)
+        got = engine_tokens(engine, PROMPTS, NEW)
     finally:
         engine.shutdown()
-    _assert_greedy_near(reference, PROMPTS, got, NEW, tol=1e-4)
+    assert_greedy_near(reference, PROMPTS, got, NEW, tol=1e-4)
     assert ("uint4 weights (groups of 64, scales and zero points) from the checkpoint "
             "(28 linears)") in caplog.text
     assert "in fp32 math (AVX2 + FMA)" in caplog.text

@@ -1,5 +1,5 @@
 """``--quantize int8`` and ``int4``: the engine's greedy tokens are a dequantized reference's
-(up to near ties, as bf16 allows: ``_assert_greedy_near``).
+(up to near ties, as bf16 allows: ``assert_greedy_near``).
 
 For each family the engine's decoder claims (Llama, Mistral with a sliding
 window, Qwen2 with biases, Phi-3 with partial rotary), the reference is the
@@ -20,15 +20,12 @@ from switchyard_xeon.engine import XeonEngine
 
 from tests import kernel_paths
 from tests.quant.methods import method
+from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.greedy import assert_greedy_near
+from tests.support.tiny_models import tiny_llama
+from tests.support.xeon_engines import engine_tokens
 from tests.xeon.conftest import TEST_OPTIONS, prompt_of
 from tests.xeon.quantized_reference import QuantizedMatmul
-from tests.xeon.test_xeon_decoder import (  # noqa: F401 (family_model is a fixture)
-    _assert_greedy_near,
-    _engine_tokens,
-    _with_bf16_matmuls,
-    family_model,
-)
-from tests.xeon.test_xeon_fast_path import tiny_llama
 
 @pytest.mark.parametrize("name", ["int8", "int4", "int4-g32"])
 def test_reference_is_the_dequantized_matmul(name):
@@ -52,7 +49,7 @@ LOGGED = {"int8": "int8 weights (per-feature scales) and bf16 dot products",
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
 def test_quantized_weights_match_generate_with_dequantized_weights(
-        family_model, name, caplog):  # noqa: F811 (the fixture, imported)
+        family_model, name, caplog):
     """Token for token; the quantized reference also differs from the bf16 one.
 
     (So the engine really runs the quantized weights.) The engine reports
@@ -62,10 +59,10 @@ def test_quantized_weights_match_generate_with_dequantized_weights(
     folder, model = family_model
     quantization = method(name)
     prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((21, 1), (6, 2))]
-    reference = _with_bf16_matmuls(model, quantization)
+    reference = with_bf16_matmuls(model, quantization)
     with torch.inference_mode():
         x = torch.tensor([prompts[0]])
-        assert not torch.equal(_with_bf16_matmuls(model)(x).logits, reference(x).logits)
+        assert not torch.equal(with_bf16_matmuls(model)(x).logits, reference(x).logits)
     for forward in ("auto", "decoder", "transformers"):
         caplog.clear()
         with caplog.at_level("INFO", logger="switchyard.xeon"):
@@ -79,7 +76,7 @@ def test_quantized_weights_match_generate_with_dequantized_weights(
             assert LOGGED[name] in caplog.text
             if forward == "auto":
                 assert engine._runner._forward.native is not None  # decode_layers.cpp
-            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 10), 10)
+            assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 10), 10)
         finally:
             engine.shutdown()
 
@@ -93,12 +90,12 @@ def test_int4_group_sizes_each_match_their_reference(tmp_path):
     prompts = [[t % 90 + 1 for t in prompt_of(n, start=s)] for n, s in ((17, 1), (5, 3))]
     for name in ("int4-g32", "int4-g64"):
         quantization = method(name)
-        reference = _with_bf16_matmuls(model, quantization)
+        reference = with_bf16_matmuls(model, quantization)
         engine = XeonEngine(EngineConfig(model_path=str(tmp_path), quantize=name,
                                          quantization=quantization,
                                          options={**TEST_OPTIONS, "block_size": "4"}))
         engine.start()
         try:
-            _assert_greedy_near(reference, prompts, _engine_tokens(engine, prompts, 8), 8)
+            assert_greedy_near(reference, prompts, engine_tokens(engine, prompts, 8), 8)
         finally:
             engine.shutdown()

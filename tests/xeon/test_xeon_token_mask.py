@@ -1,5 +1,5 @@
 """The native grammar mask (kernels/token_mask.cpp) against the bit-by-bit reference
-(tests/engine/test_grammar_mask.py), and the engine's grammar support using it."""
+(tests/support/grammar_mask.py), and the engine's grammar support using it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from switchyard_xeon.kernels import load_kernels, native_token_mask
-from tests.engine.test_grammar_mask import _random_words, reference_mask
+
+from tests.support.grammar_mask import random_words, reference_mask
 
 pytestmark = pytest.mark.skipif(load_kernels().token_mask is None,
                                 reason="native kernels not built here")
@@ -19,7 +20,7 @@ def test_native_mask_equals_the_bit_by_bit_reference(vocab, spare_words):
     gen = torch.Generator().manual_seed(vocab + spare_words)
     rows = 10
     logits = torch.randn(rows + 2, vocab, generator=gen)
-    words = _random_words(gen, rows, vocab)
+    words = random_words(gen, rows, vocab)
     if spare_words:  # bitmasks wider than the logits: their bits past the vocabulary are unread
         words = torch.cat([words, torch.full((rows, spare_words), -1, dtype=torch.int32)], 1)
     index = torch.randperm(rows + 2, generator=gen)[:rows]
@@ -39,7 +40,7 @@ def test_native_mask_equals_the_bit_by_bit_reference(vocab, spare_words):
 def test_native_mask_on_a_row_view_and_other_dtypes_falls_back_exactly():
     gen = torch.Generator().manual_seed(3)
     vocab = 300
-    words = _random_words(gen, 4, vocab)
+    words = random_words(gen, 4, vocab)
     index = torch.tensor([0, 2, 4, 6])
     for logits in (torch.randn(7, vocab, generator=gen).to(torch.bfloat16),
                    torch.randn(vocab, 7, generator=gen).t()):  # a transposed view

@@ -2,18 +2,18 @@
 
 Kernels (``kernels/panel_w8a8.cpp``): each path this CPU has (AMX, AVX512-VNNI,
 AVX2, scalar; the others are skipped and named at the end of the run) against
-a PyTorch reference written here from the format's definition: the
+a PyTorch reference written from the format's definition
+(``tests/support/w8a8_reference.py``): the
 activations' integers and scales and the int32 sums equal, the outputs
 within an fp32 rounding, over ragged shapes.
 
 Engine: greedy tokens against transformers with every linear replaced by
-W8A8 math in PyTorch, smoothed with factors computed here from statistics
-recorded here (teacher-forced, near ties allowed: ``_assert_greedy_near``).
+W8A8 math in PyTorch, smoothed with factors computed by the tests from statistics
+the tests record (teacher-forced, near ties allowed: ``assert_greedy_near``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 
@@ -26,23 +26,13 @@ from switchyard_xeon.engine import XeonEngine
 from tests import kernel_paths
 from tests.kernel_paths import W8A8_PATH_NUMBERS
 from tests.quant.methods import method
+from tests.support.calibration import calibration_prompts
+from tests.support.greedy import assert_greedy_near
+from tests.support.w8a8_reference import quantize_rows, smoothquant_twin
+from tests.support.xeon_engines import engine_tokens
 from tests.xeon.conftest import TEST_OPTIONS
-from tests.xeon.test_xeon_decoder import _assert_greedy_near, _bf16_kv_sdpa, _engine_tokens
 
 SQ = method("smoothquant")
-
-
-def _quantize_rows(x: torch.Tensor, inv: torch.Tensor, static: float = 0.0):
-    """The format's activation quantization: ``t = x * (1 / m)``, a scale per row, round to even."""
-    t = x * inv
-    if static > 0:
-        scale = torch.full((x.shape[0],), static)
-        step = torch.full((x.shape[0],), 1.0) / scale
-    else:
-        amax = t.abs().amax(1)
-        scale = amax / 127
-        step = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return torch.round((t * step[:, None]).clamp(-127, 127)).to(torch.int64), scale
 
 
 def _random_layer(n: int, k: int, gen: torch.Generator):
@@ -73,7 +63,7 @@ def test_w8a8_kernels_are_integer_exact(w8a8_path, rows, out_features, in_featur
     bias = torch.randn(out_features, generator=gen)
     packed = ops.pack_panels_w8a8(q, ws, m, 0.0)
     inv = 1.0 / m
-    xq, scale = _quantize_rows(x, inv)
+    xq, scale = quantize_rows(x, inv)
     got_xq, got_scale = ops.w8a8_quantize_rows(x, packed)
     assert torch.equal(got_xq.long(), xq) and torch.equal(got_scale, scale)
     sums = xq @ q.long().T  # int64: exact
@@ -93,7 +83,7 @@ def test_w8a8_static_scale_clamps(w8a8_path):
     x = torch.randn(37, 70, generator=gen)
     static = 0.01  # small: many values clamp to +-127
     packed = ops.pack_panels_w8a8(q, ws, m, static)
-    xq, scale = _quantize_rows(x, 1.0 / m, static)
+    xq, scale = quantize_rows(x, 1.0 / m, static)
     assert int((xq.abs() == 127).sum()) > 100
     got_xq, got_scale = ops.w8a8_quantize_rows(x, packed)
     assert torch.equal(got_xq.long(), xq) and torch.equal(got_scale, scale)
@@ -129,87 +119,6 @@ def test_panel_linear_takes_w8a8_panels_and_refuses_bad_inputs():
 # ------------------------------------------------------------------ engine
 
 
-class _W8A8Matmul(torch.nn.Module):
-    """A linear as W8A8 math: int8 weights of ``W * m`` per row, int8 activations of ``x / m``."""
-
-    def __init__(self, linear: torch.nn.Linear, m: torch.Tensor, static: bool,
-                 absmax: torch.Tensor) -> None:
-        super().__init__()
-        w = linear.weight.detach().float() * m
-        self.ws = (w.abs().amax(1) / 127).clamp(min=1e-30)
-        self.q = torch.round(w / self.ws[:, None]).clamp(-127, 127).long()
-        self.inv = 1.0 / m
-        self.static = float((absmax * self.inv).max()) / 127 if static else 0.0
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).float()
-        xq, scale = _quantize_rows(flat, self.inv, self.static)
-        y = (xq @ self.q.T).double() * (scale[:, None] * self.ws[None, :]).double()
-        if self.bias is not None:
-            y = y + self.bias.double()
-        return y.float().view(*x.shape[:-1], -1)
-
-
-def _statistics(model: torch.nn.Module, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Each linear's input absmax per feature over ``prompts`` (recorded here, not by the toolkit)."""
-    seen: dict[str, torch.Tensor] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            def record(_m, args, name=name):
-                top = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(0)
-                seen[name] = top if name not in seen else torch.maximum(seen[name], top)
-            handles.append(module.register_forward_pre_hook(record))
-    with torch.inference_mode():
-        for ids in prompts:
-            model(torch.tensor([ids]))
-    for h in handles:
-        h.remove()
-    return seen
-
-
-GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-def _smoothquant_twin(model: torch.nn.Module, prompts: list[list[int]], alpha: float,
-                      static: bool, bf16_cache: bool = True) -> torch.nn.Module:
-    """``model`` with every linear W8A8 (q|k|v and gate|up share their factors, as fused), and
-    attention over keys and values rounded to bf16 where the engine's cache is bf16
-    (``--dtype auto`` on a CPU with AVX512_BF16; fp32 elsewhere)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    stats = _statistics(model, prompts)
-    AttentionInterface.register("bf16_kv_sdpa", _bf16_kv_sdpa)
-    AttentionMaskInterface.register("bf16_kv_sdpa", sdpa_mask)
-    twin = copy.deepcopy(model)
-    for prefix, parent in list(twin.named_modules()):
-        children = dict(parent.named_children())
-        groups = [g for g in GROUPS if all(n in children for n in g)]
-        groups += [(n,) for n, c in children.items() if isinstance(c, torch.nn.Linear)
-                   and not any(n in g for g in groups)]
-        for group in groups:
-            absmax = stats[f"{prefix}.{group[0]}" if prefix else group[0]].double()
-            wmax = torch.cat([children[n].weight.detach() for n in group]).double().abs().amax(0)
-            m = absmax.pow(alpha) / wmax.pow(1 - alpha)
-            m = torch.where((absmax > 0) & (wmax > 0), m, torch.ones_like(m)).clamp(1e-5, 1e5)
-            for n in group:
-                setattr(parent, n, _W8A8Matmul(children[n], m.float(), static, absmax.float()))
-    if bf16_cache:
-        twin.set_attn_implementation("bf16_kv_sdpa")
-    return twin
-
-
-def _calibration_prompts(path, options) -> list[list[int]]:
-    """The method's calibration texts, tokenized as the engine does (cut to its token limit)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    texts = SQ.calibration.prompts(options)
-    return [tokenizer(t).input_ids[: SQ.calibration.max_tokens] for t in texts]
-
-
 def _engine(path, cache, **options: str) -> XeonEngine:
     engine = XeonEngine(EngineConfig(
         model_path=str(path), quantize="smoothquant", quantization=SQ,
@@ -237,13 +146,13 @@ def test_engine_greedy_tokens_match_a_w8a8_reference(default_model_path, tmp_pat
     try:
         assert "W8A8 int8 weights and activations" in caplog.text
         assert ("static scale" if static else "per token") in caplog.text
-        got = _engine_tokens(engine, prompts, 8)
+        got = engine_tokens(engine, prompts, 8)
         bf16_cache = engine.info.dtype == "bfloat16"  # the cache's dtype, as /info reports
     finally:
         engine.shutdown()
-    reference = _smoothquant_twin(model, _calibration_prompts(default_model_path, options),
-                                  alpha, static, bf16_cache)
-    _assert_greedy_near(reference, prompts, got, 8)
+    calibration = calibration_prompts("smoothquant", default_model_path, options)
+    reference = smoothquant_twin(model, calibration, alpha, static, bf16_cache)
+    assert_greedy_near(reference, prompts, got, 8)
     # The reference is W8A8, not bf16: its logits differ from the float model's.
     with torch.inference_mode():
         ids = torch.tensor([prompts[0]])
