@@ -6,13 +6,7 @@ import random
 
 import pytest
 import torch
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
-)
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from switchyard_engine.sampling import (
     RowSampler,
@@ -25,6 +19,8 @@ from switchyard_engine.sampling import (
 from switchyard_engine.topk_filter import filter_candidates
 from switchyard_engine.watermark import WatermarkConfig, greenlist
 from switchyard_spec import SamplingParams
+
+from tests.support.sampling_reference import transformers_warp
 
 V = 64
 
@@ -85,22 +81,10 @@ def test_warp_matches_transformers_in_a_mixed_batch(params):
              SamplingParams(do_sample=True, top_k=5, top_p=0.5)]
     warped = warp(logits, batch)
     for i, p in enumerate(batch):
-        expected = _hf_warp(logits[i : i + 1], p)[0]
+        expected = transformers_warp(logits[i : i + 1], p)[0]
         assert torch.equal(torch.isinf(warped[i]), torch.isinf(expected)), (i, p)
         finite = ~torch.isinf(expected)
         torch.testing.assert_close(warped[i][finite], expected[finite])
-
-
-def _hf_warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    if p.temperature != 1.0:
-        scores = TemperatureLogitsWarper(p.temperature)(None, scores)
-    if p.top_k:
-        scores = TopKLogitsWarper(p.top_k)(None, scores)
-    if p.top_p < 1.0:
-        scores = TopPLogitsWarper(p.top_p)(None, scores)
-    if p.typical_p < 1.0:
-        scores = TypicalLogitsWarper(p.typical_p)(None, scores)
-    return scores
 
 
 def _hf_kept_mass_before(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -155,7 +139,7 @@ def test_warp_keeps_transformers_set_at_a_real_vocabulary_size():
                                    [p.top_p for p in params]).exact
     exact = 0
     for i, p in enumerate(params):
-        expected = _hf_warp(logits[i : i + 1], p)[0]
+        expected = transformers_warp(logits[i : i + 1], p)[0]
         kept, want = torch.isfinite(ours[i]), torch.isfinite(expected)
         both = kept & want
         assert torch.equal(ours[i][both], expected[both]), (i, p)

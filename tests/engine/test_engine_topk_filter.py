@@ -1,7 +1,9 @@
 """switchyard_engine.topk_filter: the candidate filter keeps exactly what a full sort keeps.
 
-The full sort here is the project's former filter; the comparison with transformers'
-own warpers at a real vocabulary size, with its stated tolerance at the top-p cut, is
+The full sort here is the project's former filter for top-k and top-p; typical-p, which
+the filter applies after them, is transformers' own ``TypicalLogitsWarper``
+(``tests/support/sampling_reference.py``). The comparison with transformers' warpers for
+all of them at a real vocabulary size, with its stated tolerance at the top-p cut, is
 ``test_warp_keeps_transformers_set_at_a_real_vocabulary_size`` in test_engine_sampling.py.
 """
 
@@ -17,11 +19,14 @@ from switchyard_engine.sampling import warp
 from switchyard_engine.topk_filter import CANDIDATES, filter_candidates
 from switchyard_spec import SamplingParams
 
+from tests.support.sampling_reference import transformers_typical
+
 _NEG_INF = float("-inf")
 
 
 def _reference_warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """The full-sort warp that the candidate filter replaced, its algorithm kept verbatim.
+    """The full-sort warp that the candidate filter replaced, its algorithm kept verbatim for
+    top-k and top-p; typical-p is transformers' warper, row by row.
 
     The tests apply it to one row at a time: in a batch, its top-p pass also ran over
     rows with top_p=1, whose tails it cut wherever float32 rounded the mass before them
@@ -56,24 +61,9 @@ def _reference_warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> t
             remove[:, 0] = False
         scores = scores.masked_fill(remove.scatter(1, order, remove), _NEG_INF)
 
-    typical = [i for i, p in enumerate(params) if p.typical_p < 1.0]
-    if typical:
-        idx = torch.tensor(typical, device=device)
-        mass = scores.new_tensor([params[i].typical_p for i in typical])
-        scores = scores.index_copy(0, idx, _reference_typical(scores[idx], mass))
-    return scores
-
-
-def _reference_typical(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(scores, dim=-1)
-    p = logp.exp()
-    entropy = -(logp * p).nan_to_num().sum(dim=-1, keepdim=True)
-    shift = (-logp - entropy).abs()
-    sorted_shift, order = shift.sort(dim=-1)
-    cum = p.gather(1, order).cumsum(dim=-1)
-    last = (cum < mass[:, None]).sum(dim=-1, keepdim=True).clamp(max=scores.shape[1] - 1)
-    remove_sorted = sorted_shift > sorted_shift.gather(1, last)
-    return scores.masked_fill(remove_sorted.scatter(1, order, remove_sorted), _NEG_INF)
+    rows = [transformers_typical(scores[i : i + 1], p.typical_p) if p.typical_p < 1.0
+            else scores[i : i + 1] for i, p in enumerate(params)]
+    return torch.cat(rows)
 
 
 def _kinds(rows: int, vocab: int, gen: torch.Generator) -> list[torch.Tensor]:
