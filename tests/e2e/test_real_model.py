@@ -16,9 +16,11 @@ template, tokenizer, EOS or weights: a factual answer (Paris) over the OpenAI
 and TGI routes; greedy text equal to transformers' `generate` on the same
 weights, dequantized (fp32 on both sides: the engine's AVX2 + FMA uint4
 panels over the blocks, transformers over the folder's float32 weights);
-JSON that fits a schema with plausible values; a forced tool call with
-arguments that parse and name the city asked about; streamed text equal to
-the text of the same request unstreamed.
+JSON that fits a schema with plausible values, an unbounded integer field
+included, greedy and sampled; a forced tool call with arguments that parse
+and name the city asked about; prompt scores equal to transformers' on the
+same token ids, which rank a true continuation above a false one; streamed
+text equal to the text of the same request unstreamed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ COMPLETIONS = {"colors": "The three primary colors are", "code": "def fibonacci(
 CITY_SCHEMA = {"type": "object",
                "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
                "required": ["city", "country"], "additionalProperties": False}
+FACTS_SCHEMA = {"type": "object",
+                "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+                               "population": {"type": "integer"}},
+                "required": ["city", "country", "population"], "additionalProperties": False}
+"""An unbounded integer: a degenerate model ran its digits to max_tokens before numbers
+were bounded (docs/api.md, structured output)."""
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string",
@@ -175,6 +183,45 @@ def test_a_json_schema_answer_parses_validates_and_is_right(client):
     answer = json.loads(r.choices[0].message.content)
     jsonschema.validate(answer, CITY_SCHEMA)
     assert answer["city"] == "Paris" and answer["country"].lower() == "france", answer
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_unbounded_integer_field_ends_and_the_json_validates(client, temperature):
+    r = client.chat.completions.create(
+        model=NAME, max_tokens=60, temperature=temperature, seed=11,
+        messages=[{"role": "user", "content": "Give facts about Paris as JSON: the city, its "
+                                              "country and its population."}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "facts", "schema": FACTS_SCHEMA, "strict": True}})
+    assert r.choices[0].finish_reason == "stop"
+    answer = json.loads(r.choices[0].message.content)
+    jsonschema.validate(answer, FACTS_SCHEMA)
+    assert 0 < answer["population"] < 2**63
+
+
+def _scores(hf, ids: list[int]) -> list[float]:
+    """transformers' log-probability of each token of ``ids`` after the ones before it."""
+    _, model = hf
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_prompt_scores_are_transformers_and_rank_the_true_continuation_first(real_server, hf):
+    tok, _ = hf
+    tgi = Client(real_server.url, timeout=120)
+    totals = {}
+    for ending in (" Paris.", " London."):
+        text = "The capital of France is" + ending
+        details = tgi.generate(text, max_new_tokens=1, decoder_input_details=True).details
+        ids = [t.id for t in details.prefill]
+        assert ids == tok(text)["input_ids"]  # every prompt token scored, none dropped
+        got = [t.logprob for t in details.prefill[1:]]
+        assert got == pytest.approx(_scores(hf, ids), abs=1e-3)
+        n = len(tok(ending)["input_ids"])
+        totals[ending] = sum(got[-n:])
+    assert totals[" Paris."] > totals[" London."], totals
 
 
 def test_a_forced_tool_call_has_arguments_that_parse(client):
