@@ -14,13 +14,14 @@ computes is then the dequantized model's math, in the engine's precision:
   (AVX512_BF16): the inputs of every matmul are rounded to bf16 (as for any
   bf16 model here) and the KV cache is bf16, so the check is against
   transformers with those roundings and the exact weights, teacher-forced,
-  near ties allowed (``_assert_greedy_near``, as the GPTQ tests do);
+  near ties allowed (``assert_greedy_near``, as the GPTQ tests do);
 - the AVX2 kernels in a fresh process (``SWITCHYARD_XEON_ISA=avx2``, what an
   AVX2-only CPU runs): ``--dtype auto`` is fp32 math there, so the tokens
   are transformers' again.
 
 The memory the linears take is compared with the same folder served
-dequantized and with the default model (Q4_1, which keeps no blocks).
+dequantized and with the default model (Q4_1, whose blocks are served as
+``uint4-group32-min``: ``tests/xeon/test_xeon_gguf_q4_1.py``).
 """
 
 from __future__ import annotations
@@ -37,16 +38,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from switchyard.models.gguf import ensure_gguf_model
-from switchyard.plugins import PluginHost
-from switchyard_spec import EngineConfig
 from switchyard_xeon import isa, machine
-from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 
 from tests.gguf_files import smollm2_q4_0, tiny_llama_gguf
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
-from tests.xeon.test_xeon_checkpoints import _ExactMatmul
-from tests.xeon.test_xeon_decoder import _assert_greedy_near, _with_bf16_matmuls
+from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.gguf_engines import greedy_tokens, started_as_served, weights_line
+from tests.support.gptq_reference import ExactMatmul
+from tests.support.greedy import assert_greedy_near
 
 PROMPT = "The capital of France is"
 NEW = 12
@@ -79,29 +78,6 @@ def fp32_tokens(dequantized: torch.nn.Module, prompt: list[int]) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def _started(folder: Path, dtype: str, quantize: str | None = "detect") -> XeonEngine:
-    """An engine on ``folder`` with the method the gateway picks (``detect``), or ``quantize``."""
-    host = PluginHost.from_entry_points()
-    xeon = host.engines()["xeon"]
-    name = host.detect_quantization(None, folder, xeon) if quantize == "detect" else quantize
-    engine = XeonEngine(EngineConfig(model_path=str(folder), dtype=dtype, quantize=name,
-                                     quantization=host.resolve_quantization(name, xeon),
-                                     options=dict(TEST_OPTIONS)))
-    engine.start()
-    return engine
-
-
-def _tokens(engine: XeonEngine, prompt: list[int], new: int = NEW) -> list[int]:
-    sink = Collector()
-    engine.submit(greedy_request("r", prompt, new), sink)
-    return token_ids(sink.wait("r"))
-
-
-def _weights_line(log: str) -> str:
-    [line] = re.findall(r"linear weights: (.*)", log)
-    return line
-
-
 def _mib(line: str, kind: str) -> float:
     match = re.search(rf"{re.escape(kind)} ([0-9.]+) MiB", line)
     return float(match.group(1)) if match else 0.0
@@ -112,9 +88,9 @@ def test_fp32_serves_transformers_greedy_tokens_on_the_dequantized_weights(
     if not load_kernels().quant_fma:
         pytest.skip(f"no AVX2 + FMA quantized panels here ({load_kernels().reason})")
     caplog.set_level("INFO")
-    engine = _started(q4_0_folder, "float32")
+    engine = started_as_served(q4_0_folder, "float32")
     try:
-        assert _tokens(engine, prompt) == fp32_tokens
+        assert greedy_tokens(engine, prompt, NEW) == fp32_tokens
     finally:
         engine.shutdown()
     assert f"GGUF Q4_0 blocks of {MAPPED} linears as uint4-group32-asym" in caplog.text
@@ -129,17 +105,17 @@ def test_bf16_dot_products_serve_the_tokens_of_the_exact_weights(
     if not load_kernels().uint4_dot:
         pytest.skip(f"no uint4 bf16 dot-product panels here ({load_kernels().reason})")
     caplog.set_level("INFO")
-    engine = _started(q4_0_folder, "auto")
+    engine = started_as_served(q4_0_folder, "auto")
     try:
-        got = _tokens(engine, prompt)
+        got = greedy_tokens(engine, prompt, NEW)
     finally:
         engine.shutdown()
-    reference = _with_bf16_matmuls(dequantized)
+    reference = with_bf16_matmuls(dequantized)
     for name, module in dequantized.named_modules():
         if isinstance(module, torch.nn.Linear) and name != "lm_head":
             parent, _, child = name.rpartition(".")
-            setattr(reference.get_submodule(parent), child, _ExactMatmul(module.weight))
-    _assert_greedy_near(reference, [prompt], [got], NEW)
+            setattr(reference.get_submodule(parent), child, ExactMatmul(module.weight))
+    assert_greedy_near(reference, [prompt], [got], NEW)
     assert (f"uint4 weights (groups of 32, scales and zero points) from the checkpoint "
             f"({MAPPED} linears), bf16 weights for the rest and bf16 dot products") in caplog.text
 
@@ -147,7 +123,8 @@ def test_bf16_dot_products_serve_the_tokens_of_the_exact_weights(
 def test_the_mapped_linears_take_under_a_third_of_the_dequantized_ones(
         q4_0_folder, model_cache, caplog):
     """The start-up log's ``linear weights`` line: the Q4_0 file served as its blocks, the
-    same file dequantized, and the default model (Q4_1: nothing kept, dequantized)."""
+    same file dequantized, and the default model (Q4_1) served as its blocks: the same panel
+    bytes as Q4_0's (4 bits a weight, a float32 scale and zero point per 32)."""
     from switchyard.models.default_model import ensure_default_model
 
     lines = {}
@@ -156,13 +133,14 @@ def test_the_mapped_linears_take_under_a_third_of_the_dequantized_ones(
                                     ("default Q4_1", ensure_default_model(model_cache), "detect")):
         caplog.clear()
         caplog.set_level("INFO")
-        _started(folder, "auto", quantize).shutdown()
-        lines[label] = _weights_line(caplog.text)
+        started_as_served(folder, "auto", quantize).shutdown()
+        lines[label] = weights_line(caplog.text)
     print("\n".join(f"{label}: {line}" for label, line in lines.items()))
     total = {label: float(line.split(" MiB")[0]) for label, line in lines.items()}
-    assert total["default Q4_1"] == total["dequantized"]  # the same shapes, no blocks kept
     float_kind = "bf16" if load_kernels().bf16_dot else "float32"
     mapped = _mib(lines["gguf"], "uint4-group32-asym")
+    assert total["default Q4_1"] == total["gguf"]
+    assert _mib(lines["default Q4_1"], "uint4-group32-min") == mapped
     head = _mib(lines["gguf"], float_kind)
     assert mapped > 0 and head > 0 and "(1 matmul)" in lines["gguf"]  # the LM head, float
     # 0.5 byte a weight and 8 bytes a group of 32 (0.75), against 2 (bf16) or 4 (fp32).
@@ -176,13 +154,13 @@ def test_avx2_kernels_serve_it_too(q4_0_folder, prompt, fp32_tokens):
         pytest.skip("this CPU cannot run the AVX2 kernels")
     script = (
         "import json, logging, sys\n"
-        "from tests.xeon.test_xeon_gguf import _started, _tokens\n"
+        "from tests.support.gguf_engines import greedy_tokens, started_as_served\n"
         "class Lines(logging.Handler):\n"
         "    lines = []\n"
         "    def emit(self, record): self.lines.append(record.getMessage())\n"
         "logging.getLogger().addHandler(Lines()); logging.getLogger().setLevel('INFO')\n"
-        "engine = _started(sys.argv[1], 'auto')\n"
-        "tokens = _tokens(engine, json.loads(sys.argv[2]))\n"
+        "engine = started_as_served(sys.argv[1], 'auto')\n"
+        f"tokens = greedy_tokens(engine, json.loads(sys.argv[2]), {NEW})\n"
         "engine.shutdown()\n"
         "print(json.dumps({'tokens': tokens, 'log': Lines.lines}))\n")
     done = subprocess.run(
@@ -194,7 +172,7 @@ def test_avx2_kernels_serve_it_too(q4_0_folder, prompt, fp32_tokens):
     log = "\n".join(result["log"])
     assert "in fp32 math (AVX2 + FMA)" in log and "--quantize gguf" in log
     assert result["tokens"] == fp32_tokens
-    print(f"AVX2 kernels: {_weights_line(log)}")
+    print(f"AVX2 kernels: {weights_line(log)}")
 
 
 def test_a_tied_q4_0_lm_head_and_layers_of_mixed_types(model_cache, caplog):
@@ -207,11 +185,11 @@ def test_a_tied_q4_0_lm_head_and_layers_of_mixed_types(model_cache, caplog):
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = [[1, 17, 300, 45, 9, 1200, 77], [5, 6, 7, 8, 9, 10, 11, 12, 13]]
     caplog.set_level("INFO")
-    engine = _started(folder, "float32")
+    engine = started_as_served(folder, "float32")
     try:
-        got = [_tokens(engine, p, 8) for p in prompts]
+        got = [greedy_tokens(engine, p, 8) for p in prompts]
     finally:
         engine.shutdown()
     assert "GGUF Q4_0 blocks of 13 linears as uint4-group32-asym" in caplog.text
-    assert "uint4-group32-asym" in _weights_line(caplog.text)
-    _assert_greedy_near(reference, prompts, got, 8, tol=1e-4)
+    assert "uint4-group32-asym" in weights_line(caplog.text)
+    assert_greedy_near(reference, prompts, got, 8, tol=1e-4)

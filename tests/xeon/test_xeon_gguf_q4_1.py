@@ -207,3 +207,36 @@ def test_blocks_the_panels_cannot_run_here_are_served_dequantized(q4_1_folder, c
         engine.shutdown()
     assert "the GGUF blocks are served dequantized" in caplog.text
     assert weights_line(caplog.text) == "513.0 MiB: float32 513.0 MiB (121 matmuls)"
+
+
+def test_bf16_dot_products_serve_the_tokens_of_the_q4_1_weights(q4_1_folder, caplog):
+    """``--dtype auto`` where the uint4 bf16 dot-product panels run (what ``switchyard serve``
+    runs on such a CPU): transformers with bf16 matmul inputs and cache over the exact Q4_1
+    weights, teacher-forced, near ties allowed (as for Q4_0 and GPTQ)."""
+    from tests.support.bf16_reference import with_bf16_matmuls
+    from tests.support.gptq_reference import ExactMatmul
+    from tests.support.greedy import assert_greedy_near
+
+    if not load_kernels().uint4_dot:
+        pytest.skip(f"no uint4 bf16 dot-product panels here ({load_kernels().reason})")
+    tokenizer = AutoTokenizer.from_pretrained(q4_1_folder)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    caplog.set_level("INFO")
+    engine = started_as_served(q4_1_folder, "auto")
+    try:
+        got = [greedy_tokens(engine, prompt, NEW) for prompt in prompts]
+    finally:
+        engine.shutdown()
+    dequantized = AutoModelForCausalLM.from_pretrained(q4_1_folder, dtype=torch.float32).eval()
+    reference = with_bf16_matmuls(dequantized)
+    for name, module in dequantized.named_modules():
+        if isinstance(module, torch.nn.Linear) and name != "lm_head":
+            parent, _, child = name.rpartition(".")
+            setattr(reference.get_submodule(parent), child, ExactMatmul(module.weight))
+    assert_greedy_near(reference, prompts, got, NEW)
+    assert (f"uint4 weights (groups of 32, scales and mins) from the checkpoint ({MAPPED} "
+            "linears), bf16 weights for the rest and bf16 dot products") in caplog.text
+    line = weights_line(caplog.text)
+    print(f"Q4_1 blocks, bf16 dot products: {line}")
+    assert line == ("129.9 MiB: uint4-group32-min 75.9 MiB (120 matmuls), bf16 54.0 MiB "
+                    "(1 matmul)")
