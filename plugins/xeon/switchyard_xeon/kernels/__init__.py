@@ -140,7 +140,7 @@ class FusedOps(Protocol):
 
 
 class TokenMaskFn(Protocol):
-    """Grammar bitmasks onto logits, as :func:`switchyard.engine.grammar.mask_logits` defines it."""
+    """Grammar bitmasks onto logits, as :func:`switchyard_engine.grammar.mask_logits` defines it."""
 
     def __call__(self, logits: torch.Tensor, words: torch.Tensor,
                  index: torch.Tensor) -> list[int]:
@@ -151,9 +151,9 @@ class TokenMaskFn(Protocol):
 
 def native_token_mask(logits: torch.Tensor, words: torch.Tensor, index: torch.Tensor) -> list[int]:
     """:class:`TokenMaskFn` on ``token_mask.cpp`` for fp32 logits rows with unit stride;
-    other logits take :func:`switchyard.engine.grammar.mask_logits`."""
+    other logits take :func:`switchyard_engine.grammar.mask_logits`."""
     if logits.dtype != torch.float32 or logits.stride(-1) != 1 or logits.dim() != 2:
-        from switchyard.engine.grammar import mask_logits
+        from switchyard_engine.grammar import mask_logits
 
         return mask_logits(logits, words, index)
     dead = torch.ops.switchyard_xeon.mask_logits_.default(
