@@ -33,10 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from switchyard_spec import QuantizedWeight, uint4_group_min
 from switchyard_xeon.kernels import load_kernels
+from switchyard_xeon.quant_dtype import quantized_dtype
 from switchyard_xeon.quantized import (
     kernel_constants,
     pack_quantized,
-    quantized_dtype,
     reference_weight,
     uint4_integers,
     uint4_words,

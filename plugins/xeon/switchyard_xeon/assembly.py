@@ -34,7 +34,15 @@ from switchyard_spec import (
     QuantizationMethod,
 )
 
-from switchyard_xeon import alibi_attention, attention, fp8_linears, machine, quantized, vision
+from switchyard_xeon import (
+    alibi_attention,
+    attention,
+    fp8_linears,
+    machine,
+    quant_dtype,
+    quantized,
+    vision,
+)
 from switchyard_xeon.admission import Admission, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -222,7 +230,7 @@ def serve_gguf_blocks(config: EngineConfig, method: QuantizationMethod | None,
     if method is None or method.config_quant_method != "gguf":
         return method
     try:  # what choose_precision asks of a weight-only method
-        quantized.quantized_dtype(config, method, resolve_dtype(config.dtype, cpu_flags),
+        quant_dtype.quantized_dtype(config, method, resolve_dtype(config.dtype, cpu_flags),
                                   bf16_dot_available(config.options),
                                   _option(config.options, "linears", LINEARS))
     except EngineStartError as exc:
@@ -255,11 +263,11 @@ def choose_precision(config: EngineConfig, method: QuantizationMethod | None,
         if linears not in ("packed", "panel"):
             raise EngineStartError(f"xeon engine: --quantize {method.name} runs on the native "
                                    f"W8A8 panels, which linears={linears} rules out")
-        dtype = quantized.w8a8_dtype(config, method, dtype)
+        dtype = quant_dtype.w8a8_dtype(config, method, dtype)
         if dtype == torch.bfloat16 and not bf16_dot_available(config.options):
             dtype = torch.float32  # the linears take fp32 inputs either way
     elif method is not None and not fp8:
-        dtype = quantized.quantized_dtype(config, method, dtype,
+        dtype = quant_dtype.quantized_dtype(config, method, dtype,
                                           bf16_dot_available(config.options), linears)
     bf16_dot = dtype == torch.bfloat16 and bf16_dot_available(config.options)
     cache_dtype = dtype

@@ -56,8 +56,8 @@ from switchyard_spec import (
     QuantizedWeight,
 )
 
-from switchyard_xeon.linears import SIBLING_GROUPS, FusedSibling, _fused_name, _SharedMatmul
-from switchyard_xeon.plugin import WEIGHT_FORMATS
+from switchyard_xeon.fusion import SIBLING_GROUPS, FusedSibling, SharedMatmul, fused_name
+from switchyard_xeon.weight_formats import WEIGHT_FORMATS
 from switchyard_xeon.quantized import pack_quantized
 
 BLOCK_WEIGHTS = 1 << 18
@@ -203,11 +203,11 @@ def pack_fp8_linears(model: torch.nn.Module, method: QuantizationMethod,
             if any(m.bias is not None for m in group):  # type: ignore[union-attr]
                 bias = torch.cat([m.bias.detach().float() if m.bias is not None  # type: ignore[union-attr]
                                   else torch.zeros(m.out_features) for m in group])  # type: ignore[union-attr]
-            shared = _SharedMatmul(Fp8Linear(stack_fp8(records), bias),
+            shared = SharedMatmul(Fp8Linear(stack_fp8(records), bias),
                                    [m.out_features for m in group])  # type: ignore[union-attr]
             for index, (name, module) in enumerate(zip(names, group, strict=True)):
                 setattr(parent, name, FusedSibling(shared, index, module.out_features))  # type: ignore[union-attr]
-            parent.register_module(_fused_name(names), shared.linear)
+            parent.register_module(fused_name(names), shared.linear)
             layers += len(group)
             fused += 1
             uncalibrated += len(group) if (dot + names[0]) not in stats else 0

@@ -38,12 +38,9 @@ import torch.nn.functional as F
 from switchyard_engine.checkpoint import QuantizedLinear
 from switchyard_spec import ActivationStatistics, QuantizationMethod, QuantizedWeight
 
+from switchyard_xeon.fusion import SIBLING_GROUPS, FusedSibling, SharedMatmul, fused_name
+
 logger = logging.getLogger("switchyard.xeon")
-
-SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"),
-                                               ("gate_proj", "up_proj"))
-"""Child names of one parent that project the same input and can share one matmul."""
-
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 """Weight dtypes oneDNN's linear takes in a packed layout."""
@@ -176,47 +173,6 @@ class PanelLinear(torch.nn.Module):
                 "fp32 math" if self.fma else "bf16 dot products")
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed=panels, stored={storage}")
-
-
-class _SharedMatmul:
-    """One matmul whose output is split among sibling modules called on the same input."""
-
-    def __init__(self, linear: torch.nn.Module, sizes: list[int]) -> None:
-        self.linear = linear
-        self.sizes = sizes
-        self._input: torch.Tensor | None = None
-        self._parts: tuple[torch.Tensor, ...] = ()
-        self._left = 0
-
-    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        # Identity, not equality: the siblings of one layer receive the very same
-        # tensor. Any other input (a different call order or model) recomputes,
-        # which is slower but still right.
-        if self._input is not x or not self._left:
-            self._parts = self.linear(x).split(self.sizes, dim=-1)
-            self._input, self._left = x, len(self.sizes)
-        self._left -= 1
-        out = self._parts[index]
-        if not self._left:  # every sibling has its slice: let the activations go
-            self._input, self._parts = None, ()
-        return out
-
-
-class FusedSibling(torch.nn.Module):
-    """Stands in for one projection of a fused group; returns its slice of the shared matmul."""
-
-    def __init__(self, shared: _SharedMatmul, index: int, out_features: int) -> None:
-        super().__init__()
-        self._shared = shared
-        self.index = index
-        self.out_features = out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """This projection's columns of the group's output for ``x``."""
-        return self._shared.part(x, self.index)
-
-    def extra_repr(self) -> str:
-        return f"part={self.index}, out_features={self.out_features}"
 
 
 Packer = Callable[..., torch.nn.Module]
@@ -449,10 +405,10 @@ def _fuse_quantized(parent: torch.nn.Module, names: tuple[str, ...],
         bias = torch.cat([m.bias.detach().float() if m.bias is not None
                           else torch.zeros(m.out_features) for m in group])
     linear = packer(None, bias, quantized=weight)
-    shared = _SharedMatmul(linear, [m.out_features for m in group])
+    shared = SharedMatmul(linear, [m.out_features for m in group])
     for index, (name, module) in enumerate(zip(names, group, strict=True)):
         setattr(parent, name, FusedSibling(shared, index, module.out_features))
-    parent.register_module(_fused_name(names), shared.linear)
+    parent.register_module(fused_name(names), shared.linear)
 
 
 def _check_prequantized(sample: QuantizedLinear, packer: Packer) -> str:
@@ -497,20 +453,16 @@ def _fuse(parent: torch.nn.Module, names: tuple[str, ...], group: list[torch.nn.
         linear.weight = torch.nn.Parameter(weight, requires_grad=False)
         if bias is not None:
             linear.bias = torch.nn.Parameter(bias, requires_grad=False)
-    shared = _SharedMatmul(linear, [m.out_features for m in group])
+    shared = SharedMatmul(linear, [m.out_features for m in group])
     for index, (name, module) in enumerate(zip(names, group, strict=True)):
         setattr(parent, name, FusedSibling(shared, index, module.out_features))
     # The shared matmul is no submodule of anyone: keep it reachable (inspection, the decoder).
-    parent.register_module(_fused_name(names), shared.linear)
-
-
-def _fused_name(names: tuple[str, ...]) -> str:
-    return "_fused_" + "_".join(names)
+    parent.register_module(fused_name(names), shared.linear)
 
 
 def fused_module(parent: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Module | None:
     """The one matmul :func:`pack_linears` made of ``parent``'s children ``names``, if it did."""
-    module = getattr(parent, _fused_name(names), None)
+    module = getattr(parent, fused_name(names), None)
     return module if isinstance(module, torch.nn.Module) else None
 
 

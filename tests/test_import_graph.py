@@ -1,23 +1,50 @@
-"""The gateway's modules import each other without a circle.
+"""Every package's modules import each other without a circle, and the layers hold.
 
 Why: the layers should read top-down (the CLI builds the app, the app assembles
-the routers, the routes use helpers below them), and a circle hides an upward
-dependency. Python tolerates some circles until an import order changes, and
+the routers, the routes use helpers below them; an engine's plugin module
+declares, its engine assembles, its kernels compute), and a circle hides an
+upward dependency. Python tolerates some circles until an import order changes, and
 then a name is missing from a half-initialized module. The check reads the
 source with `ast` rather than importing it, so it sees every import: those at
 module level, those deferred into a function (a common way to hide a circle),
 and `from switchyard import openapi`, which names a submodule. Imports under
 `if TYPE_CHECKING:` are left out: they never run, so they cannot form a circle
 at import time.
+
+Across packages: the contract imports nothing of ours, the engine toolkit only
+the contract, and a plugin never the gateway (its distribution does not even
+depend on it).
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "switchyard": REPO / "gateway" / "switchyard",
+    "switchyard_spec": REPO / "spec" / "switchyard_spec",
+    "switchyard_engine": REPO / "engine" / "switchyard_engine",
+    "switchyard_xeon": REPO / "plugins" / "xeon" / "switchyard_xeon",
+    "switchyard_gaudi": REPO / "plugins" / "gaudi" / "switchyard_gaudi",
+    "switchyard_quant": REPO / "plugins" / "quant" / "switchyard_quant",
+}
+"""Each package of the repository and its source folder."""
+ALLOWED = {
+    "switchyard_spec": set(),
+    "switchyard_engine": {"switchyard_spec"},
+    "switchyard_quant": {"switchyard_spec"},
+    "switchyard_xeon": {"switchyard_spec", "switchyard_engine"},
+    "switchyard_gaudi": {"switchyard_spec", "switchyard_engine", "switchyard_quant"},
+    "switchyard": {"switchyard_spec", "switchyard_engine"},
+}
+"""Which of our other packages each package may import (deferred imports included)."""
 PACKAGE = "switchyard"
-ROOT = Path(__file__).resolve().parents[2] / "gateway" / PACKAGE
+ROOT = PACKAGES[PACKAGE]
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -92,11 +119,40 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_package_has_no_import_cycle() -> None:
+def test_the_walk_sees_imports() -> None:
     graph = import_graph()
-    assert "switchyard.openapi" in graph["switchyard.routes.tgi"]  # the walk sees imports
-    cycle = find_cycle(graph)
+    assert "switchyard.openapi" in graph["switchyard.routes.tgi"]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_the_package_has_no_import_cycle(package: str) -> None:
+    cycle = find_cycle(import_graph(PACKAGES[package]))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def foreign_imports(root: Path) -> set[str]:
+    """The top-level names of our packages that modules under ``root`` import at run time."""
+    found: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if not node.level else [])
+            found |= {n.split(".")[0] for n in names} & set(PACKAGES)
+    return found - {root.name}
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_the_package_imports_only_the_layers_below_it(package: str) -> None:
+    extra = foreign_imports(PACKAGES[package]) - ALLOWED[package]
+    assert not extra, f"{package} imports {sorted(extra)}"
+
+
+@pytest.mark.parametrize("plugin", ["xeon", "gaudi", "quant"])
+def test_plugins_do_not_depend_on_the_gateway(plugin: str) -> None:
+    project = tomllib.loads((REPO / "plugins" / plugin / "pyproject.toml").read_text())
+    names = {dep.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
+             for dep in project["project"]["dependencies"]}
+    assert "switchyard" not in names
 
 
 def test_the_check_finds_a_deferred_cycle(tmp_path: Path) -> None:
