@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.waiting import eventually
+
 RANDOM_MODEL = "switchyard/tiny-llama-random"
 """The served name of the random-weight model the suite's servers serve by default."""
 
@@ -75,18 +77,18 @@ def start_server(cache: Path, log_dir: Path, *args: str, env: dict[str, str] | N
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     server = LiveServer(url=f"http://127.0.0.1:{port}", process=proc, log_path=log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    stop_server(server)
-    raise RuntimeError(f"server not healthy after {timeout}s:\n{server.log()}")
+        return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
+
+    try:
+        eventually(healthy, timeout=timeout, interval=0.3, ignoring=(httpx.HTTPError,))
+    except AssertionError:
+        stop_server(server)
+        raise RuntimeError(f"server not healthy after {timeout}s:\n{server.log()}") from None
+    return server
 
 
 def stop_server(server: LiveServer) -> None:

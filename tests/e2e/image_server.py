@@ -44,6 +44,7 @@ class ImageServer:
                 hits[self.path] = hits.get(self.path, 0) + 1
                 answer = routes.get(self.path, Answer(b"not found", 404, {}))
                 if answer.delay_s:
+                    # A slow host is what such a route exercises (fetch time limits).
                     time.sleep(answer.delay_s)
                 try:
                     self.send_response(answer.status)

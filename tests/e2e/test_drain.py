@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import LiveServer, _free_port
 from tests.support.prometheus import Scrape
+from tests.support.waiting import eventually
 
 NAME = "drain-test"
 MAX_INPUT, MAX_TOTAL, BATCH = 400, 512, 2
@@ -48,16 +49,12 @@ def live(default_model_path: Path, model_cache: Path,
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     server = LiveServer(url=f"http://127.0.0.1:{port}", process=proc, log_path=log_path)
     try:
-        deadline = time.monotonic() + 180
-        while True:
+        def healthy() -> bool:
             assert proc.poll() is None, server.log()
-            assert time.monotonic() < deadline, server.log()
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+            return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
+
+        eventually(healthy, timeout=180, interval=0.3, what=server.log,
+                   ignoring=(httpx.HTTPError,))
         yield server
     finally:
         if proc.poll() is None:
@@ -122,14 +119,16 @@ def _scrape(url: str) -> Scrape:
     return Scrape.parse(r.text)
 
 
-def _wait_for(url: str, predicate, what: str, timeout: float = 60.0) -> Scrape:
-    deadline = time.monotonic() + timeout
-    while True:
-        scrape = _scrape(url)
-        if predicate(scrape):
-            return scrape
-        assert time.monotonic() < deadline, f"never saw {what}:\n{scrape.text}"
-        time.sleep(0.05)
+def _scrape_until(url: str, predicate, what: str, timeout: float = 60.0) -> Scrape:
+    """The first scrape of ``url`` that satisfies ``predicate`` (polled by ``eventually``)."""
+    seen: list[Scrape] = []
+
+    def satisfied() -> Scrape | None:
+        seen.append(_scrape(url))
+        return seen[-1] if predicate(seen[-1]) else None
+
+    return eventually(satisfied, timeout=timeout,
+                      what=lambda: f"never saw {what}:\n{seen[-1].text}")
 
 
 LABELS = {"model": NAME, "engine": "xeon"}
@@ -169,9 +168,9 @@ def test_gauges_follow_queued_and_running_requests(live):
                                     timeout=10).json()) for p in prompts]
     streams = [Stream(live.url, p, 200).start() for p in prompts]
     # BATCH run, the rest wait for a free slot: the engine's running batch and queue.
-    busy = _wait_for(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == BATCH
-                     and s.value("tgi_queue_size", **LABELS) == len(prompts) - BATCH,
-                     "the batch full and the queue holding the rest")
+    busy = _scrape_until(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == BATCH
+                         and s.value("tgi_queue_size", **LABELS) == len(prompts) - BATCH,
+                         "the batch full and the queue holding the rest")
     used = busy.value("switchyard_kv_cache_used_tokens", **LABELS)
     usage = busy.value("switchyard_kv_cache_usage_ratio", **LABELS)
     # Utilisation is used/total blocks: one snapshot, so the two gauges agree exactly.
@@ -186,8 +185,8 @@ def test_gauges_follow_queued_and_running_requests(live):
     for stream in streams:
         stream.join(timeout=DRAIN_TIMEOUT)
         assert stream.tokens == 200 and stream.final is not None
-    done = _wait_for(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == 0
-                     and s.value("tgi_queue_size", **LABELS) == 0, "the engine idle")
+    done = _scrape_until(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == 0
+                         and s.value("tgi_queue_size", **LABELS) == 0, "the engine idle")
     # Blocks kept only for prefix reuse are not in use: an idle cache is 0% used.
     assert done.value("switchyard_kv_cache_used_tokens", **LABELS) == 0
     assert done.value("switchyard_kv_cache_usage_ratio", **LABELS) == 0
@@ -198,16 +197,18 @@ def test_sigterm_drains_streams_then_exits(live):
     queued) still arrive whole; the process exits when the last one has finished."""
     streams = [Stream(live.url, f"drain stream {i} " * 3, 150).start() for i in range(BATCH + 1)]
     # Whichever two the engine admitted first run; the other waits in its queue.
-    _wait_for(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == BATCH
-              and s.value("tgi_queue_size", **LABELS) == 1, "two streams running, one queued")
+    _scrape_until(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == BATCH
+                  and s.value("tgi_queue_size", **LABELS) == 1, "two streams running, one queued")
     assert sum(stream.first_token.wait(0) for stream in streams) <= BATCH
 
     live.process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
-    deadline = signalled + 10
-    while (health := httpx.get(f"{live.url}/health", timeout=5)).status_code != 503:
-        assert time.monotonic() < deadline, "readiness never failed"
-        time.sleep(0.02)
+
+    def unready() -> httpx.Response | None:
+        health = httpx.get(f"{live.url}/health", timeout=5)
+        return health if health.status_code == 503 else None
+
+    health = eventually(unready, timeout=10, interval=0.02, what="readiness failed")
     assert health.json() == {"error": "unhealthy", "error_type": "healthcheck"}
     assert httpx.get(f"{live.url}/live", timeout=5).status_code == 200
     tgi = httpx.post(f"{live.url}/generate", timeout=10,

@@ -28,7 +28,15 @@ from text_generation import Client
 from text_generation.errors import GenerationError
 
 from tests.conftest import LiveServer, start_server, stop_server
-from tests.support.abandoned import CHAT, COMPLETION, abandon, dropped_lines, wait_until_idle
+from tests.support.abandoned import (
+    CHAT,
+    COMPLETION,
+    abandon,
+    decode_steps,
+    dropped_lines,
+    wait_until_idle,
+)
+from tests.support.waiting import eventually
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time"]
 LIMITS = "max_total_tokens = 512\nmax_input_tokens = 400\n"
@@ -70,14 +78,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout:.0f}s")
-        time.sleep(0.2)
 
 
 def _metric(server: LiveServer, name: str, model: str, method: str | None = None) -> float:
@@ -182,14 +182,16 @@ def test_a_client_that_disconnects_aborts_its_sequence_in_the_engine_process(liv
         for line in response.iter_lines():
             if line.startswith("data:"):
                 break
-    # The engine process stops decoding at once (480 tokens would take seconds more) ...
-    time.sleep(1.0)
+    # The engine process stops decoding at once (480 tokens would take seconds more): its
+    # load, pushed by the process once it went quiet, shows an empty batch ...
+    eventually(lambda: _metric(live, "tgi_batch_current_size", "proc") == 0, timeout=30,
+               interval=0.2, what="an empty batch")
     settled = steps()
+    assert settled - before < 400
+    # ... and stays so. That is an absence, with no event to wait on: the sleep is the window
+    # in which a sequence still decoding would add steps (dozens a second here).
     time.sleep(1.0)
     assert steps() == settled, "the engine process still decodes the abandoned sequence"
-    assert settled - before < 400
-    # ... and its load, pushed by the process once it went quiet, shows an empty batch.
-    _wait(lambda: _metric(live, "tgi_batch_current_size", "proc") == 0, 5, "an empty batch")
 
 
 @pytest.mark.parametrize(("name", "engine_model", "upstream"), [
@@ -201,10 +203,10 @@ def test_abandoned_json_requests_are_aborted_in_the_engine_process_and_upstream(
     sequences, and a remote model's replica sees its request closed and drops them too."""
     engine_server = server if upstream else live
     start = len(engine_server.log())
+    steps = decode_steps(engine_server, engine_model)
     abandon(live.url, "/v1/chat/completions", {**CHAT, "model": name}, 8)
     abandon(live.url, "/v1/completions", {**COMPLETION, "model": name, "n": 2}, 2)
-    # An engine process pushes its load when it goes quiet: allow it a moment beyond.
-    wait_until_idle(engine_server, engine_model, within=2.0 if upstream else 3.0)
+    wait_until_idle(engine_server, engine_model, steps)
     dropped_lines(engine_server, start, 10, sequences=2)
     r = httpx.post(f"{live.url}/v1/completions", timeout=60,
                    json={"model": name, "prompt": "hello", "max_tokens": 2})
@@ -270,8 +272,8 @@ def test_a_killed_engine_process_fails_its_requests_and_comes_back(live):
                          r"restarting in \d+s", live.log()[start:])
         assert line, live.log()[start:]
         # It comes back: a new process serves, and /health is 200 again.
-        _wait(lambda: httpx.get(f"{live.url}/health", timeout=30).status_code == 200, 180,
-              "healthy again")
+        eventually(lambda: httpx.get(f"{live.url}/health", timeout=30).status_code == 200,
+                   timeout=180, interval=0.2, what="healthy again")
         assert _engine_pids(live, "proc")[-1] != victim and not _running(victim)
         again = Client(live.url, headers={"X-Model": "proc"}, timeout=120).generate(
             PROMPTS[0], max_new_tokens=6)
@@ -292,7 +294,8 @@ def test_no_engine_process_outlives_the_server(live):
     assert any(_running(pid) for pid in pids)
     stop_server(live)
     assert live.process.returncode is not None
-    _wait(lambda: not any(_running(pid) for pid in pids), 20, "every engine process gone")
+    eventually(lambda: not any(_running(pid) for pid in pids), timeout=20, interval=0.2,
+               what="every engine process gone")
     assert "engine process stopped" in live.log()
 
 
@@ -311,6 +314,7 @@ def test_a_pinned_engine_process_exits_when_the_server_is_killed(
         server.process.send_signal(signal.SIGKILL)
         server.process.wait(30)
         # The engine process reads end of file on its pipe and exits on its own.
-        _wait(lambda: not _running(pid), 20, f"engine process {pid} gone")
+        eventually(lambda: not _running(pid), timeout=20, interval=0.2,
+                   what=f"engine process {pid} gone")
     finally:
         stop_server(server)

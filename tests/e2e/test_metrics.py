@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from switchyard.telemetry.exposition import format_number, render
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.support.prometheus import Scrape
+from tests.support.waiting import eventually
 
 MODEL = "switchyard/tiny-llama-random"
 LABELS = {"model": MODEL, "engine": "xeon"}
@@ -150,11 +150,9 @@ def sent(model_cache, default_model_path, tmp_path_factory, collector) -> Iterat
         with httpx.stream("POST", f"{url}/generate_stream", json=long, timeout=60) as stream:
             next(line for line in stream.iter_lines() if line.startswith("data:"))
         failed("dropped")
-        deadline = time.monotonic() + 30
-        while Scrape.parse(httpx.get(f"{url}/metrics").text).value(
-                "tgi_request_failure", err="dropped") < 1:
-            assert time.monotonic() < deadline, "the dropped stream was never counted"
-            time.sleep(0.1)
+        eventually(lambda: Scrape.parse(httpx.get(f"{url}/metrics").text).value(
+                       "tgi_request_failure", err="dropped") >= 1,
+                   timeout=30, interval=0.1, what="the dropped stream counted")
         yield out
     finally:
         stop_server(live)
@@ -308,12 +306,13 @@ def test_json_logs_one_line_per_request(sent):
 
 
 def test_spans_are_exported_over_otlp_http(sent):
-    deadline = time.monotonic() + 20  # the batch processor exports every few seconds
-    while True:
-        roots = [s for _, _, s in _Collector.spans if s.name.startswith("POST ")]
-        if len(roots) >= sent.total or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    def request_spans() -> list:
+        return [s for _, _, s in _Collector.spans if s.name.startswith("POST ")]
+
+    # The batch processor exports every few seconds.
+    eventually(lambda: len(request_spans()) >= sent.total, timeout=20, interval=0.2,
+               what="a span exported for every request")
+    roots = request_spans()
     assert {service for service, _, _ in _Collector.spans} == {"switchyard-test"}
     assert len(roots) == sent.total
     traced = [s for s in roots if s.trace_id.hex() == TRACEPARENT.split("-")[1]]

@@ -9,7 +9,6 @@ checked against transformers and the request log says which engine ran it;
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from transformers import AutoTokenizer
 
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.gaudi.conftest import generate_greedy
+from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"
 
@@ -71,13 +71,9 @@ def reference(default_model_path: Path):
 
 
 def _engine_of_last_request(live: LiveServer, start: int) -> str:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        lines = [ln for ln in live.log()[start:].splitlines() if "switchyard.request" in ln]
-        if lines:
-            return re.search(r"engine=(\S+)", lines[-1])[1]
-        time.sleep(0.05)
-    raise AssertionError("no request line")
+    lines = eventually(lambda: [ln for ln in live.log()[start:].splitlines()
+                                if "switchyard.request" in ln], timeout=10, what="a request line")
+    return re.search(r"engine=(\S+)", lines[-1])[1]
 
 
 def test_models_lists_every_served_name_and_health_names_the_failure(multi):

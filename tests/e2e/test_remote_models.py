@@ -24,6 +24,7 @@ from text_generation import Client
 
 from tests.conftest import LiveServer, _free_port, start_server, stop_server
 from tests.e2e.fake_upstream import FakeUpstream
+from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -79,7 +80,7 @@ max_failures = 1000  # never out: each test meets its broken stream
 [[models]]
 name = "slow"
 upstreams = ["{fakes['slow'].url}"]
-timeout_s = 2
+timeout_s = 10
 
 [[models]]
 name = "missing"
@@ -169,16 +170,17 @@ def test_tokenize_routes_are_answered_by_a_replica(gateway, server):
 
 
 def test_health_lists_remote_models_whose_replicas_are_all_out(gateway):
-    deadline = time.monotonic() + 20
-    while True:  # `missing` is taken out after its failed requests and scrapes
+    def missing_listed() -> httpx.Response | None:
         httpx.post(f"{gateway.url}/v1/completions", timeout=30,
                    json={"model": "missing", "prompt": "x", "max_tokens": 2})
         answer = httpx.get(f"{gateway.url}/health", timeout=30)
         assert answer.status_code == 200  # the other models serve
         if answer.content and "missing" in answer.json().get("unreachable", {}):
-            break
-        assert time.monotonic() < deadline, answer.text
-        time.sleep(0.2)
+            return answer
+        return None
+
+    # `missing` is taken out after its failed requests and scrapes.
+    answer = eventually(missing_listed, timeout=20, interval=0.2, what="`missing` unreachable")
     body = answer.json()
     assert body["status"] == "degraded" and "far" not in body["unreachable"]
     assert "replicas are out" in body["unreachable"]["missing"]
@@ -215,18 +217,20 @@ def test_a_stream_cut_midway_ends_with_an_error_event(gateway):
         list(Client(gateway.url, headers={"X-Model": "cut"}).generate_stream("x"))
 
 
-def test_a_slow_upstream_holds_up_no_other_model_and_times_out(gateway):
+def test_a_slow_upstream_holds_up_no_other_model_and_times_out(gateway, fakes):
     result: dict[str, httpx.Response] = {}
     slow = threading.Thread(target=lambda: result.setdefault("slow", httpx.post(
         f"{gateway.url}/v1/completions", timeout=30,
         json={"model": "slow", "prompt": "x", "max_tokens": 2})))
+    posts = fakes["slow"].posts
     slow.start()
-    time.sleep(0.2)
-    t0 = time.monotonic()
+    eventually(lambda: fakes["slow"].posts > posts, timeout=30,
+               what="the slow request at its upstream")
     local = httpx.post(f"{gateway.url}/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": "x", "max_tokens": 4})
-    assert local.status_code == 200 and time.monotonic() - t0 < 1.5
-    slow.join(timeout=20)
+    # Answered while the slow request still waits on its upstream (its timeout is 10 s).
+    assert local.status_code == 200 and slow.is_alive() and "slow" not in result
+    slow.join(timeout=30)
     assert result["slow"].status_code == 504
     assert "timed out" in result["slow"].json()["error"]["message"]
 
@@ -255,9 +259,8 @@ def test_a_replica_killed_under_load_fails_no_request_that_had_not_begun(gateway
     for i, thread in enumerate(threads):
         thread.start()
         if i == 8:  # kill it in the middle of its streams, before later requests arrive
-            deadline = time.monotonic() + 10
-            while fake.posts < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            eventually(lambda: fake.posts >= 2, timeout=30, interval=0.02,
+                       what="two streams at the replica")
             fake.kill()
     for thread in threads:
         thread.join(timeout=60)
@@ -267,7 +270,5 @@ def test_a_replica_killed_under_load_fails_no_request_that_had_not_begun(gateway
     log = gateway.log()
     assert re.search(rf"replica {re.escape(fake.url)} taken out", log)
     fake.start()  # it comes back on its port: probed after the cool-down, then used again
-    deadline = time.monotonic() + 10
-    while f"replica {fake.url} is back" not in gateway.log():
-        assert time.monotonic() < deadline, "the replica was not probed back"
-        time.sleep(0.1)
+    eventually(lambda: f"replica {fake.url} is back" in gateway.log(), timeout=30, interval=0.1,
+               what="the replica probed back")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"
 STREAMS = 50
@@ -84,10 +84,9 @@ def test_killing_a_replica_under_load_fails_only_streams_that_had_begun(
                for i in range(STREAMS)]
     for thread in threads[: STREAMS // 2]:
         thread.start()
-    deadline = time.monotonic() + 60
-    while _running(second) < 1:  # kill it with streams in flight on it
-        assert time.monotonic() < deadline, "no stream reached the second replica"
-        time.sleep(0.02)
+    # Kill it with streams in flight on it.
+    eventually(lambda: _running(second) >= 1, timeout=60, interval=0.02,
+               what="a stream on the second replica")
     second.process.send_signal(signal.SIGKILL)
     second.process.wait()
     for thread in threads[STREAMS // 2:]:  # these arrive while it is dead or already out
@@ -104,10 +103,8 @@ def test_killing_a_replica_under_load_fails_only_streams_that_had_begun(
     port = int(second.url.rsplit(":", 1)[1])
     back = start_server(model_cache, second.log_path.parent, "--dtype", "float32", port=port)
     second.process, second.log_path = back.process, back.log_path
-    deadline = time.monotonic() + 30
-    while f"replica {second.url} is back" not in gateway.log():
-        assert time.monotonic() < deadline, "the replica was not probed back"
-        time.sleep(0.1)
+    eventually(lambda: f"replica {second.url} is back" in gateway.log(), timeout=30,
+               interval=0.1, what="the replica probed back")
     answered = []
     for _ in range(12):
         r = httpx.post(f"{gateway.url}/v1/completions", timeout=60, json={

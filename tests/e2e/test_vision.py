@@ -15,7 +15,6 @@ import base64
 import functools
 import io
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ from text_generation import Client
 from tests.conftest import LiveServer, start_server, stop_server
 from tests.e2e.image_server import Answer, ImageServer
 from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
+from tests.support.waiting import eventually
 
 MAX_NEW = 8
 QUESTION = "What is in this picture?"
@@ -290,8 +290,10 @@ def test_a_slow_image_never_holds_up_other_requests(vision_server: LiveServer,
         answers["slow"] = _generate(vision_server, f"![]({images.url('/slow.png')}){QUESTION}")
 
     thread = threading.Thread(target=slow)
+    before = images.hits.get("/slow.png", 0)
     thread.start()
-    time.sleep(0.1)
+    eventually(lambda: images.hits.get("/slow.png", 0) > before,
+               what="the slow image's fetch begun")
     answers["fast"] = _generate(vision_server, f"![]({_data_url(1)}){QUESTION}")
     thread.join()
     assert answers["fast"].status_code == 200

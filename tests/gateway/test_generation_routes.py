@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,6 +51,8 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_engine.liveness import PROBE_PREFIX
 from switchyard_xeon.sequence import Sequence
 
+from tests.support.waiting import eventually
+
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 ENGINE_OPTIONS = {"num_threads": "1"}
 """As in tests/xeon: the tiny model gains nothing from more threads on a shared machine."""
@@ -72,13 +73,6 @@ class _OneThreadXeon:
         return [msgspec.structs.replace(spec, factory=factory)]
 
 
-def _wait_healthy(client: TestClient, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while client.get("/health").status_code != 200:
-        assert time.monotonic() < deadline, "the app did not become healthy"
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def app(default_model_path: Path) -> Iterator[tuple[TestClient, ServedModel]]:
     """A started app serving the default model on the real Xeon engine, and that model."""
@@ -90,7 +84,8 @@ def app(default_model_path: Path) -> Iterator[tuple[TestClient, ServedModel]]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv(IGNORE_EOS_ENV, "true")
         with TestClient(create_app(settings, plugins=host), timeout=60) as client:
-            _wait_healthy(client)
+            eventually(lambda: client.get("/health").status_code == 200, timeout=120,
+                       what="the app healthy")
             model = client.app.state["gateway"].registry.default
             assert isinstance(model.engine, XeonEngine)
             yield client, model
@@ -177,7 +172,9 @@ def faults(client: TestClient, model: ServedModel,
     monkeypatch.setattr(runner, "step", faults)
     yield faults
     faults.disarm()
-    _wait_healthy(client, 60)  # the next test starts on a healthy engine
+    # The next test starts on a healthy engine.
+    eventually(lambda: client.get("/health").status_code == 200, timeout=60,
+               what="the app healthy")
 
 
 class ProbeCounter:
@@ -224,7 +221,9 @@ def test_health_probes_the_engine_after_a_generation_error(client, faults, probe
     # The probe was a real generation that reached the model (and failed there).
     assert any(rid.startswith(PROBE_PREFIX) for batch in faults.batches for rid in batch)
     faults.disarm()
-    _wait_healthy(client, 60)  # a later probe passes: healthy again
+    # A later probe passes: healthy again.
+    eventually(lambda: client.get("/health").status_code == 200, timeout=60,
+               what="the app healthy")
     assert probes.calls >= 2
     calls = probes.calls
     assert client.get("/health").status_code == 200

@@ -151,11 +151,12 @@ def test_fetch_limits(images: ImageServer) -> None:
     for url in (declared, streamed):
         assert _problem(lambda u=url: _fetch(u, max_bytes=4000)).code == codes.TOO_LARGE
         assert _fetch(url, max_bytes=5000) == body
-    slow = images.route("/slow.png", Answer(b"x", delay_s=8.0))
+    slow = images.route("/slow.png", Answer(b"x", delay_s=30.0))
     began = time.monotonic()
     problem = _problem(lambda: _fetch(slow, timeout_s=0.5))
     assert problem.code == codes.FETCH_FAILED and "longer than 0.5 s" in problem.message
-    assert time.monotonic() - began < 5.0
+    # Ended at its 0.5 s limit, not when the host answered (30 s).
+    assert time.monotonic() - began < 10.0
 
 
 # ---------------------------------------------------------------- decoding
@@ -251,10 +252,11 @@ def test_prepare_urls_fetches_each_url_once(vlm: SimpleNamespace, images: ImageS
     assert set(got.by_url) == {url, data} and images.hits[f"/once-{vlm.name}.png"] == 1
     assert _problem(prepare_urls([url] * 4, limits, vlm.vision)).code == codes.TOO_MANY
     # The first failure ends the request, whatever else is in flight.
-    slow = images.route(f"/slow-{vlm.name}.png", Answer(png(8, 8, 5), delay_s=8.0))
+    slow = images.route(f"/slow-{vlm.name}.png", Answer(png(8, 8, 5), delay_s=30.0))
     began = time.monotonic()
     problem = _problem(prepare_urls([slow, "data:image/png;base64,@@"], limits, vlm.vision))
-    assert problem.code == codes.INVALID_URL and time.monotonic() - began < 5.0
+    # Ended by the bad URL at once, not when the slow host answered (30 s).
+    assert problem.code == codes.INVALID_URL and time.monotonic() - began < 10.0
 
 
 def test_chat_image_parts(vlm: SimpleNamespace) -> None:

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import re
-import time
 
 import httpx
 import openai
@@ -25,6 +24,7 @@ from text_generation import Client
 from transformers import AutoTokenizer
 
 from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.waiting import eventually
 
 from .conftest import generate_greedy
 
@@ -167,15 +167,6 @@ def _gauge(live: LiveServer, name: str) -> float:
     return float(match["value"])
 
 
-def _wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_overload_is_a_429_and_disconnects_abort_the_sequences(gaudi_server, tokenizer):
     """Fill every permit with long streams: the next request is TGI's and OpenAI's 429;
     closing the streams aborts their sequences, so the engine's batch empties at once."""
@@ -204,7 +195,8 @@ def test_overload_is_a_429_and_disconnects_abort_the_sequences(gaudi_server, tok
     finally:
         for cm in streams:
             cm.__exit__(None, None, None)
-    assert _wait_for(lambda: _gauge(gaudi_server, "tgi_batch_current_size") == 0, 20)
+    eventually(lambda: _gauge(gaudi_server, "tgi_batch_current_size") == 0, timeout=20,
+               what="an empty batch after the streams closed")
     lines = [line for line in gaudi_server.log()[start:].splitlines()
              if "switchyard.request" in line and "error=dropped" in line]
     assert len(lines) == PERMITS, gaudi_server.log()[start:]

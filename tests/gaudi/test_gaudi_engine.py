@@ -69,6 +69,7 @@ def test_a_mixed_workload_compiles_nothing_after_warmup(warm_engine, reference_l
                 if i == 3:
                     sink.wait_tokens("j3", 1)
                     engine.abort("j2")  # running (or already done): either way it ends once
+                # Random gaps between arrivals are the schedule this test exercises.
                 time.sleep(rng.random() * 0.05)
             engine.abort("no-such-request")
             for rid in prompts:
@@ -210,7 +211,7 @@ def test_shutdown_ends_everything_once(make_gaudi, default_model_path):
 
     def slow(seqs, shape):
         started.set()
-        time.sleep(0.2)
+        time.sleep(0.2)  # slow decode steps, so the shutdown lands mid-generation: the scenario
         return decode(seqs, shape)
 
     engine._runner.decode = slow

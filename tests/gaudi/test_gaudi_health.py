@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import time
+from tests.support.waiting import eventually
 
 from .conftest import Collector, greedy_request, prompt_of
-
-
-def _eventually(check, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_failed_step_is_probed_with_a_real_generation_and_recovers(make_gaudi,
@@ -40,7 +31,7 @@ def test_a_failed_step_is_probed_with_a_real_generation_and_recovers(make_gaudi,
     assert state["probes"] == 1 and not engine.healthy()
     state["broken"] = False
     # healthy() never blocks: it starts a probe in the background, whose success shows next.
-    assert _eventually(engine.healthy)
+    eventually(engine.healthy, what="healthy() after the background probe succeeded")
     assert state["probes"] >= 2
     engine.submit(greedy_request("after", prompt_of(6), 3), sink)
     assert len([e for e in sink.wait("after") if e.token_id >= 0]) == 3

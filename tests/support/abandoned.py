@@ -2,19 +2,21 @@
 
 A client sends a non-streamed request and gives up before the answer; the
 server must abort its sequences at once. These helpers send such requests,
-wait for the engine's batch and queue gauges to fall to zero, and read the
-request log lines the server wrote for them.
+wait for the engine's batch and queue gauges to fall to zero, count the
+engine's decode steps meanwhile (fewer than one sequence run to its end
+takes: the sequences were cut short), and read the request log lines the
+server wrote for them.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
 
 import httpx
 
 from tests.conftest import LiveServer
+from tests.support.waiting import eventually
 
 MAX_NEW = 480
 """Long enough that no abandoned request can finish before its client leaves (0.5 s)."""
@@ -53,14 +55,24 @@ def sequences_in_engine(live: LiveServer, model: str) -> float:
     return sum(values)
 
 
-def wait_until_idle(live: LiveServer, model: str, within: float) -> float:
-    """Seconds until `model`'s engine holds no sequence; fails after `within`."""
-    start = time.monotonic()
-    while sequences_in_engine(live, model) > 0:
-        elapsed = time.monotonic() - start
-        assert elapsed < within, f"{model}: sequences still in the engine after {elapsed:.1f}s"
-        time.sleep(0.05)
-    return time.monotonic() - start
+def decode_steps(live: LiveServer, model: str) -> float:
+    """The decode steps `model`'s engine has run (its `tgi_batch_inference_count`)."""
+    text = httpx.get(f"{live.url}/metrics", timeout=30).text
+    found = re.search(rf'^tgi_batch_inference_count\{{model="{re.escape(model)}",[^}}]*'
+                      r'method="decode"\} (\S+)$', text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def wait_until_idle(live: LiveServer, model: str, steps_before: float,
+                    timeout: float = 30.0) -> None:
+    """Wait until `model`'s engine holds no sequence, and check that it got there by cutting
+    the abandoned sequences short: fewer decode steps since `steps_before` (from
+    :func:`decode_steps`) than one sequence of MAX_NEW tokens takes. (A count, not a clock:
+    on a busy machine the engine may take seconds to go idle either way.)"""
+    eventually(lambda: sequences_in_engine(live, model) == 0, timeout=timeout,
+               what=f"{model}: no sequence left in the engine")
+    steps = decode_steps(live, model) - steps_before
+    assert steps < MAX_NEW - 1, f"{model}: {steps:.0f} decode steps: the sequences ran on"
 
 
 def dropped_lines(live: LiveServer, start: int, count: int, sequences: int = 1) -> list[str]:
@@ -76,13 +88,12 @@ def dropped_lines(live: LiveServer, start: int, count: int, sequences: int = 1) 
     return lines
 
 
-
-
 def request_lines(live: LiveServer, start: int, count: int) -> list[str]:
-    """Wait (30 s at most) for `count` request log lines after offset `start` of the log."""
-    deadline = time.monotonic() + 30
-    while True:
-        lines = [line for line in live.log()[start:].splitlines() if "switchyard.request" in line]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.1)
+    """The request log lines after offset `start` of the log, once there are `count` of them
+    (fails after 30 s)."""
+    def lines() -> list[str]:
+        return [line for line in live.log()[start:].splitlines() if "switchyard.request" in line]
+
+    eventually(lambda: len(lines()) >= count, timeout=30, interval=0.1,
+               what=lambda: f"{count} request lines in:\n{live.log()[start:]}")
+    return lines()

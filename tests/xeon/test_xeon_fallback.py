@@ -12,7 +12,6 @@ the middle of a generation, and preemption (its per-sequence cache rebuilt).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -32,6 +31,7 @@ from switchyard_xeon.runner import ModelRunner
 
 from tests.support.greedy import transformers_greedy
 from tests.support.tiny_models import IDS, LAYERS, MIXED_PROMPTS, saved_fallback_family
+from tests.support.waiting import eventually
 from tests.support.xeon_engines import engine_tokens, started_engine, started_with_log
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
 
@@ -151,10 +151,8 @@ def test_abort_mid_generation_frees_the_sequence(bloom):
     assert token_ids(long_events) == transformers_greedy(model, [MIXED_PROMPTS[1]], 3)[0]
     assert token_ids(sink.wait("mate")) == transformers_greedy(model, [MIXED_PROMPTS[0]], 12)[0]
     runner = engine._runner
-    deadline = time.monotonic() + 10
-    while runner.live_caches and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert runner.live_caches == 0
+    eventually(lambda: runner.live_caches == 0, timeout=30, interval=0.01,
+               what="no live cache in the runner")
     blocks = engine._scheduler.blocks
     assert blocks.num_free_blocks == blocks.num_blocks
 

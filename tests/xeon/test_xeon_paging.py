@@ -3,12 +3,13 @@ stays token for token that of transformers, sampled output that of an undisturbe
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
 
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
+
+from tests.support.waiting import eventually
 
 from .conftest import Collector, greedy_request, prompt_of, token_ids
 
@@ -22,10 +23,10 @@ class _Steps(list):
 
 
 def _idle_stats(engine):
-    """The cache stats once the loop has published its state after the last step."""
-    deadline = time.monotonic() + 10
-    while engine.cache_stats().used_blocks and time.monotonic() < deadline:
-        time.sleep(0.01)  # the final event goes out just before the snapshot is taken
+    """The cache stats once the loop has published its state after the last step (the final
+    event goes out just before the snapshot is taken)."""
+    eventually(lambda: not engine.cache_stats().used_blocks, timeout=30, interval=0.01,
+               what="no block in use")
     return engine.cache_stats()
 
 

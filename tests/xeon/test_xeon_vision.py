@@ -11,7 +11,6 @@ text with another image shares only the blocks before the image.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +29,7 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.vision import PagedVisionRunner, VisionRunner
 
 from tests.e2e.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
+from tests.support.waiting import eventually
 from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
 
 TEXT = "What is in ![](http://h/picture.png) this picture?"
@@ -101,9 +101,8 @@ def _hits(engine: XeonEngine) -> int:
 
 def _settle(engine: XeonEngine) -> None:
     """Wait until the loop has let every sequence go (finished ones leave after their event)."""
-    deadline = time.monotonic() + 10
-    while len(engine._scheduler) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: not len(engine._scheduler), timeout=30, interval=0.01,
+               what="no sequence in the scheduler")
 
 
 def _path_line(caplog: pytest.LogCaptureFixture) -> str:
@@ -231,21 +230,20 @@ def test_an_aborted_prefill_frees_its_blocks_and_features(
     request = _request(llava_next, "gone", png(64, 64, 31), engine.info.eos_token_ids)
     image = request.images[0]
     engine.submit(request, sink)
-    deadline = time.monotonic() + 30
-    seq = None
-    while time.monotonic() < deadline:  # until the image is part fed
+
+    def part_fed():  # the sequence, once its image is part fed
         seq = engine._scheduler.find("gone")
         if seq is not None and image.offset < seq.num_cached < image.offset + image.length - BLOCK:
-            break
-        time.sleep(0.001)
-    assert seq is not None and seq.num_cached < len(request.prompt_token_ids)
+            return seq
+        return None
+
+    seq = eventually(part_fed, timeout=30, interval=0.001, what="the image part fed")
+    assert seq.num_cached < len(request.prompt_token_ids)
     engine.abort("gone")
     assert sink.wait("gone")[-1].finish_reason is not None
     del seq
-    deadline = time.monotonic() + 10
-    while (engine._runner.held_features or engine.cache_stats().used_blocks) \
-            and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: not (engine._runner.held_features or engine.cache_stats().used_blocks),
+               timeout=30, interval=0.01, what="no features held and no block in use")
     assert engine._runner.held_features == 0
     assert engine.cache_stats().used_blocks == 0
 
