@@ -111,6 +111,18 @@ def server(default_model_path: Path, model_cache: Path,
     stop_server(live)
 
 
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark as `e2e` every test under tests/e2e/ and every test that uses the session's live
+    server (`server`); tests elsewhere that start a server of their own carry the mark
+    themselves. `-m 'not e2e'` then runs the unit tests alone."""
+    for item in items:
+        if item.path.is_relative_to(E2E) or "server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture
 def gated_compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Every grammar compile (the engine toolkit's ``GrammarSupport``, on either engine) waits

@@ -28,6 +28,8 @@ from tests.support.waiting import eventually
 
 from .conftest import generate_greedy
 
+pytestmark = pytest.mark.e2e  # every test here runs against `switchyard serve --engine gaudi`
+
 PROMPTS = ["def fibonacci(n):", "x", "import sys\nimport os\n\nclass Config:\n" * 3]
 PERMITS = 4
 LONG = 2000

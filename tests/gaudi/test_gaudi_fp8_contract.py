@@ -161,6 +161,7 @@ def test_the_memory_plan_counts_the_fp8_weights_at_one_byte(default_model_path, 
     assert prepared.dims.weight_bytes(4) == rest * 4 + linear
 
 
+@pytest.mark.e2e
 def test_switchyard_serve_gaudi_quantize_fp8_with_the_tgi_client(model_cache, default_model_path,
                                                                  reference_llama, tmp_path):
     from text_generation import Client

@@ -236,6 +236,7 @@ def _follower_pid(server: LiveServer) -> int:
     return int(match[1])
 
 
+@pytest.mark.e2e
 def test_sharded_server_gives_the_one_shard_servers_tokens(servers, reference_llama,
                                                            default_model_path):
     one, two = servers
@@ -268,6 +269,7 @@ def test_sharded_server_gives_the_one_shard_servers_tokens(servers, reference_ll
     assert chats[1] == chats[0]
 
 
+@pytest.mark.e2e
 def test_a_killed_rank_makes_the_server_unhealthy_without_a_hang(servers):
     """Kill rank 1 mid-stream: the stream ends with an error, /health answers 503, the log
     names the rank, later requests fail at once, and stopping leaves no process behind."""

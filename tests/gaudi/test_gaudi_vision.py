@@ -268,6 +268,7 @@ def gaudi_vision_server(llava_next: SimpleNamespace, model_cache: Path,
     stop_server(live)
 
 
+@pytest.mark.e2e
 def test_the_seeds_request_shape_through_tgis_stream(gaudi_vision_server: LiveServer,
                                                      llava_next: SimpleNamespace) -> None:
     """``![](data:...)What is this a picture of?\\n\\n`` on /generate_stream, as the seed
