@@ -20,9 +20,9 @@ from litestar.di import Provide
 from switchyard.drain import in_flight_counter
 from switchyard.models.config import ConfigError, ModelEntry, RemoteEntry, entries_from_settings
 from switchyard.models.loader import load_model
-from switchyard.models.remote import RemoteModel
+from switchyard.remote.model import RemoteModel
 from switchyard.models.served import ServedModel
-from switchyard.models.upstream import new_client
+from switchyard.remote.upstream import new_client
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
 from switchyard.routes import openai, ops, sagemaker, tgi

@@ -22,7 +22,7 @@ schemas share one compiled grammar in the engine's cache.
 
 OpenAI's `tools` become one structural-tag constraint (:func:`tools_constraint`):
 each function's `parameters` schema passes the checks above, and the calls are
-held to the model family's format (``switchyard.text.tool_calls``).
+held to the model family's format (``switchyard.tools.calls``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from switchyard_engine.number_bounds import (
     NumberBoundsError,
 )
 from switchyard.errors import validation_error
-from switchyard.text.tool_calls import ToolFormat
+from switchyard.tools.calls import ToolFormat
 
 MAX_GRAMMAR_BYTES = 64 * 1024
 """Largest schema (as compact JSON) or pattern a request may carry."""

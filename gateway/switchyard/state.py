@@ -10,7 +10,7 @@ import httpx
 
 from switchyard.errors import ApiError, validation_error
 from switchyard.models.registry import AnyModel, ModelRegistry
-from switchyard.models.remote import REMOTE_ENGINE, RemoteModel
+from switchyard.remote.model import REMOTE_ENGINE, RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.settings import ServeSettings
 from switchyard.telemetry.request import note_model

@@ -47,7 +47,7 @@ from switchyard_engine.number_bounds import (  # noqa: E402
 )
 from switchyard_engine.sampling import RowSampler, sample  # noqa: E402
 from switchyard.errors import ApiError  # noqa: E402
-from switchyard.text.tool_calls import HERMES  # noqa: E402
+from switchyard.tools.calls import HERMES  # noqa: E402
 from switchyard_spec import (  # noqa: E402
     Constraint,
     ConstraintKind,

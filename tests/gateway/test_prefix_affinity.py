@@ -1,15 +1,15 @@
-"""Prefix affinity (models/affinity.py) and how a remote model picks a replica (remote.py)."""
+"""Prefix affinity (remote/affinity.py) and how a remote model picks a replica (remote.py)."""
 
 from __future__ import annotations
 
 import httpx
 import msgspec
 import pytest
-from switchyard.models.affinity import BLOCK_BYTES, PrefixAffinity, prefix_chain
-from switchyard.models.remote import RemoteModel
-from switchyard.models.remote_config import RemoteEntry
-from switchyard.models.upstream import Replica
-from switchyard.routes.remote import _prompt_bytes
+from switchyard.remote.affinity import BLOCK_BYTES, PrefixAffinity, prefix_chain
+from switchyard.remote.model import RemoteModel
+from switchyard.remote.config import RemoteEntry
+from switchyard.remote.upstream import Replica
+from switchyard.remote.forward import _prompt_bytes
 
 SYSTEM = bytes(range(256)) * 8  # 8 whole blocks
 

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from switchyard.models.balancer import pick
-from switchyard.models.relay import RelayPool
-from switchyard.models.upstream import Replica, queue_depth
-from switchyard.routes.remote_sse import EventCutter, Garbage, stream_ended
+from switchyard.remote.balancer import pick
+from switchyard.remote.relay import RelayPool
+from switchyard.remote.upstream import Replica, queue_depth
+from switchyard.remote.sse import EventCutter, Garbage, stream_ended
 
 
 def test_two_choices_take_the_less_loaded_and_skip_out_and_tried_replicas():

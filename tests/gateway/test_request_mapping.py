@@ -6,7 +6,7 @@ import pytest
 
 from switchyard.errors import ApiError
 from switchyard.protocol.tgi import GenerateParameters
-from switchyard.routes.openai_plans import choice_count, logit_bias_pairs
+from switchyard.openai_mapping.plans import choice_count, logit_bias_pairs
 from switchyard.settings import ServeSettings, TokenLimits
 from switchyard.validation import build_plan, check_parameters, fan_out
 

@@ -23,13 +23,13 @@ from xgrammar.testing import _is_grammar_accept_string as accepts  # noqa: E402
 from switchyard.constraints import ConstraintError, tool_function, tools_constraint  # noqa: E402
 from switchyard.generation import Finished, GeneratedToken, Step  # noqa: E402
 from switchyard.protocol import openai as oai  # noqa: E402
-from switchyard.routes.openai_tools import (  # noqa: E402
+from switchyard.tools.openai import (  # noqa: E402
     ToolSetup,
     ToolStreamer,
     chat_messages,
     tool_message,
 )
-from switchyard.text.tool_calls import (  # noqa: E402
+from switchyard.tools.calls import (  # noqa: E402
     HERMES,
     JSON_FALLBACK,
     LLAMA3_JSON,

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 VALIDATION_MODULES = ("switchyard.validation", "switchyard.constraints",
-                      "switchyard.routes.openai_plans", "switchyard.protocol.openai",
+                      "switchyard.openai_mapping.plans", "switchyard.protocol.openai",
                       "switchyard.protocol.tgi", "switchyard_engine.grammar_text")
 HEAVY = ("torch", "transformers", "xgrammar")
 

@@ -7,7 +7,7 @@ underscores (`model_id`, `engine`, `engine_options`, `dtype`, `quantize`,
 left out takes the flag's value, so `switchyard serve --config models.toml
 --dtype float32` sets every model's default dtype. An entry with `upstreams`
 instead of a `model_id` is a model other servers serve (`RemoteEntry`, read by
-`models/remote_config.py`). A mistake names the file, the entry and the field,
+`remote/config.py`). A mistake names the file, the entry and the field,
 and stops start-up.
 """
 
@@ -21,7 +21,7 @@ import msgspec
 
 __all__ = ["ConfigError", "ModelEntry", "RemoteEntry", "entries_from_settings", "read_config"]
 
-from switchyard.models.remote_config import (
+from switchyard.remote.config import (
     ConfigError,
     RemoteEntry,
     field_message,

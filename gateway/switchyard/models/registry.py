@@ -9,7 +9,7 @@ file, of either kind, is the default.
 from __future__ import annotations
 
 from switchyard.errors import ApiError, model_not_found, validation_error
-from switchyard.models.remote import RemoteModel
+from switchyard.remote.model import RemoteModel
 from switchyard.models.served import ServedModel
 
 AnyModel = ServedModel | RemoteModel

@@ -1,7 +1,7 @@
 """OpenAI routes: `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
 
 Requests are mapped onto TGI's parameters and validated by the same rules
-(`routes/openai_plans.py`), then answered in OpenAI's shapes: real ids,
+(`openai_mapping/plans.py`), then answered in OpenAI's shapes: real ids,
 `finish_reason` "stop" for EOS and stop strings, stop text left out, `n`
 choices, OpenAI's error objects (in-stream too, followed by `[DONE]`).
 The chat and completion handlers live in their own modules; this one
@@ -14,7 +14,7 @@ from litestar import Router, get
 from litestar.di import NamedDependency
 
 from switchyard.models.registry import AnyModel
-from switchyard.models.remote import RemoteModel
+from switchyard.remote.model import RemoteModel
 from switchyard.protocol import openai as oai
 from switchyard.routes.errors import openai_exception_handlers
 from switchyard.routes.openai_chat import chat_completions

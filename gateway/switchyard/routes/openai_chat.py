@@ -2,7 +2,7 @@
 
 `n` choices are generated as independent sequences submitted together; their
 chunks interleave in a stream, each carrying its choice's `index`. With tools
-(`switchyard.routes.openai_tools`) each choice's text is read into `tool_calls`,
+(`switchyard.tools.openai`) each choice's text is read into `tool_calls`,
 and its stream ends with an empty delta that carries the finish reason.
 """
 
@@ -24,16 +24,16 @@ from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, Step, close_all, collect_all, interleave, start_all
 from switchyard.media import chat_images
-from switchyard.models.remote import RemoteModel
+from switchyard.remote.model import RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
-from switchyard.routes import remote
+from switchyard.remote import forward as remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
-from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
-from switchyard.routes.openai_plans import choice_count, plan_chat_call
-from switchyard.routes.openai_tools import ToolSetup, ToolStreamer, tool_message
+from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason, sse, usage
+from switchyard.openai_mapping.plans import choice_count, plan_chat_call
+from switchyard.tools.openai import ToolSetup, ToolStreamer, tool_message
 from switchyard.state import Gateway
 from switchyard.validation import GenerationPlan, fan_out
 

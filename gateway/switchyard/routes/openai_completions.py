@@ -38,16 +38,16 @@ from switchyard.generation import (
     interleave,
     start_all,
 )
-from switchyard.models.remote import RemoteModel
+from switchyard.remote.model import RemoteModel
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
-from switchyard.routes import remote
+from switchyard.remote import forward as remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
-from switchyard.routes.completion_logprobs import echo_logprobs, generated_logprobs, joined
-from switchyard.routes.openai_common import DONE, error_event, finish_reason, sse, usage
-from switchyard.routes.openai_plans import CompletionPlan, plan_completion
+from switchyard.openai_mapping.completion_logprobs import echo_logprobs, generated_logprobs, joined
+from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason, sse, usage
+from switchyard.openai_mapping.plans import CompletionPlan, plan_completion
 from switchyard.state import Gateway
 from switchyard.text.echo import EchoedPrompt
 from switchyard.validation import fan_out

@@ -25,12 +25,12 @@ from switchyard.media import ImageSet, encode_prompt, tgi_images
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
-from switchyard.routes import remote
+from switchyard.remote import forward as remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.errors import tgi_exception_handlers
-from switchyard.routes.openai_plans import chat_prompt
+from switchyard.openai_mapping.plans import chat_prompt
 from switchyard.routes.ops import Degraded, health
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error

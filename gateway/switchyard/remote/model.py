@@ -1,7 +1,7 @@
 """A model other servers serve: its names, its replicas, its permits and its settings.
 
 Beside `ServedModel` (a model on a local engine) in the registry. The routes
-forward a request for it with `routes/remote.py`; this type only holds what
+forward a request for it with `remote/forward.py`; this type only holds what
 that needs and keeps its replicas watched.
 """
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from switchyard.models.affinity import PrefixAffinity
-from switchyard.models.balancer import pick
-from switchyard.models.remote_config import RemoteEntry
+from switchyard.remote.affinity import PrefixAffinity
+from switchyard.remote.balancer import pick
+from switchyard.remote.config import RemoteEntry
 from switchyard.models.served import Admission
-from switchyard.models.relay import RelayPool
-from switchyard.models.upstream import Replica, ReplicaMonitor
+from switchyard.remote.relay import RelayPool
+from switchyard.remote.upstream import Replica, ReplicaMonitor
 
 REMOTE_ENGINE = "remote"
 """The `engine` label of a remote model's requests in metrics and the request log."""

@@ -3,7 +3,7 @@
 A request with tools (and a `tool_choice` other than `none`) becomes a
 :class:`ToolSetup`: the tools are checked (names, schemas), rendered into the
 prompt (by the chat template, or by the gateway for templates that cannot:
-``switchyard.text.tool_calls``), and turned into one grammar that holds the
+``switchyard.tools.calls``), and turned into one grammar that holds the
 generated text to the model family's call format
 (``switchyard.constraints.tools_constraint``):
 
@@ -41,9 +41,9 @@ from switchyard.errors import validation_error
 from switchyard.generation import Finished, Step
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
-from switchyard.routes.openai_common import finish_reason
+from switchyard.openai_mapping.streaming import finish_reason
 from switchyard.text.chat import ChatMessage
-from switchyard.text.tool_calls import (
+from switchyard.tools.calls import (
     FUNCTION_NAME,
     ToolCallParser,
     ToolEvent,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from switchyard.models.upstream import Replica
+from switchyard.remote.upstream import Replica
 
 BLOCK_BYTES = 256
 """Bytes per hashed block: about 64 tokens of English or code, a few KV blocks."""

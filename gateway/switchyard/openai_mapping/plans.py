@@ -19,8 +19,8 @@ from switchyard.media import ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
-from switchyard.routes.completion_prompts import CompletionPrompt, completion_prompts
-from switchyard.routes.openai_tools import ToolSetup, chat_messages, template_tools, tool_setup
+from switchyard.openai_mapping.completion_prompts import CompletionPrompt, completion_prompts
+from switchyard.tools.openai import ToolSetup, chat_messages, template_tools, tool_setup
 from switchyard.settings import TokenLimits
 from switchyard.state import Gateway
 from switchyard.text.chat import ChatTemplateError, render_chat

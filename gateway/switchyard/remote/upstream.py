@@ -7,7 +7,7 @@ reads every replica's `/metrics` every `metrics_interval_s`, asks its
 `/v1/models` which model it serves until it knows, and probes the `/health`
 of a replica whose cool-down is over. Those go through one pooled
 `httpx.AsyncClient` per gateway (`new_client`); the requests a model forwards go
-over its own keep-alive connections (`models/relay.py`), which cost far less
+over its own keep-alive connections (`remote/relay.py`), which cost far less
 per request and per streamed event.
 """
 

@@ -1,7 +1,7 @@
 """The HTTP/1.1 client that carries a remote model's forwarded requests to its replicas.
 
 Not httpx (which still carries the replicas' scrapes and probes,
-`models/upstream.py`): under 64 concurrent streams its pool walked every
+`remote/upstream.py`): under 64 concurrent streams its pool walked every
 connection, and asked each idle one's socket whether it was readable, on each
 request and each response closed (30% of a loaded gateway's CPU), and a body
 read passed through h11 and anyio per piece. Here a request is one write, a

@@ -7,7 +7,7 @@ requests to the same replica between two scrapes, whose load figure lags;
 against random choice it keeps the longest queue short (Mitzenmacher's
 result: the maximum load drops from log n / log log n to log log n).
 Prefix affinity, which comes first for models that balance on prefixes, is
-`models/affinity.py`; this is its fallback and the whole of `balancing = "load"`.
+`remote/affinity.py`; this is its fallback and the whole of `balancing = "load"`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
-from switchyard.models.upstream import Replica
+from switchyard.remote.upstream import Replica
 
 
 def pick(replicas: Sequence[Replica], tried: Collection[Replica] = (),

@@ -3,8 +3,8 @@
 The body goes as the client sent it (OpenAI's `model` rewritten to the name
 the replica serves); the answer comes back as the replica sent it: a JSON
 body whole, a stream event by event as each arrives (never held until the
-end). A replica is chosen by the model (`models/affinity.py` on the prompt's
-prefix, else `models/balancer.py` on load); a connection error, a 5xx,
+end). A replica is chosen by the model (`remote/affinity.py` on the prompt's
+prefix, else `remote/balancer.py` on load); a connection error, a 5xx,
 a timeout or an answer that is not JSON or SSE before anything reached the
 client is retried on another replica, each tried once. After the first event
 went out, a failure ends the stream with an error event in the route's API
@@ -25,13 +25,13 @@ from litestar import Response
 from litestar.response import Stream
 
 from switchyard.errors import ApiError, validation_error
-from switchyard.models.affinity import prefix_chain
-from switchyard.models.remote import RemoteModel
-from switchyard.models.relay import RelayResponse
-from switchyard.models.upstream import Replica
+from switchyard.remote.affinity import prefix_chain
+from switchyard.remote.model import RemoteModel
+from switchyard.remote.relay import RelayResponse
+from switchyard.remote.upstream import Replica
 from switchyard.protocol import tgi
 from switchyard.routes.errors import openai_error_json
-from switchyard.routes.remote_sse import EventCutter, Garbage, stream_ended
+from switchyard.remote.sse import EventCutter, Garbage, stream_ended
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error
 

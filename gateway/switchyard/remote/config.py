@@ -56,7 +56,7 @@ class RemoteEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     timeout_s: float = 300.0
     """Longest wait for the next byte from a replica (connecting: at most 5 s)."""
     balancing: Balancing = "prefix"
-    """How the replica is chosen (models/balancer.py, models/affinity.py)."""
+    """How the replica is chosen (remote/balancer.py, remote/affinity.py)."""
     affinity_max_spread: int = 8
     """Prefix affinity is followed while the replicas' loads differ by at most this."""
     api_key_env: str | None = None
