@@ -11,7 +11,7 @@ import inspect
 import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
