@@ -140,6 +140,13 @@ def main() -> None:
               help="Seconds one http(s) image fetch may take, redirects included.")
 @click.option("--max-images", envvar="SWITCHYARD_MAX_IMAGES", type=click.IntRange(min=0),
               default=8, show_default=True, help="The most images one request may carry.")
+@click.option("--responses-store-max-entries", envvar="SWITCHYARD_RESPONSES_STORE_MAX_ENTRIES",
+              type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Responses (/v1/responses) kept in memory for retrieval and "
+                   "previous_response_id, least recently used out first; 0: store nothing.")
+@click.option("--responses-store-max-bytes", envvar="SWITCHYARD_RESPONSES_STORE_MAX_BYTES",
+              type=click.IntRange(min=1), default=256 * 2**20, show_default=True,
+              help="Bytes the kept responses may take in all.")
 @click.option("--api-key", envvar="API_KEY", default=None,
               help="Require `Authorization: Bearer <key>` on the generation routes.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,

@@ -81,6 +81,10 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """Seconds one http(s) image fetch may take, redirects included."""
     max_images: int = 8
     """The most images one request may carry."""
+    responses_store_max_entries: int = 1000
+    """Responses kept for `GET /v1/responses/{id}` and chaining; 0 turns the store off."""
+    responses_store_max_bytes: int = 256 * 2**20
+    """Bytes the kept responses may take (least recently used out first)."""
 
 
 class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):

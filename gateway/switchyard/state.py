@@ -11,6 +11,7 @@ import httpx
 from switchyard.errors import ApiError, validation_error
 from switchyard.models.registry import AnyModel, ModelRegistry
 from switchyard.remote.model import REMOTE_ENGINE, RemoteModel
+from switchyard.responses.live import Responses
 from switchyard.models.served import ServedModel
 from switchyard.settings import ServeSettings
 from switchyard.telemetry.request import note_model
@@ -32,6 +33,12 @@ class Gateway:
     requests in flight finish (`switchyard.drain`)."""
     in_flight: int = 0
     """HTTP requests in progress, probes and scrapes excepted (`switchyard.drain`)."""
+    responses: Responses = field(init=False)
+    """Stored and running responses of `/v1/responses` (`switchyard.responses`)."""
+
+    def __post_init__(self) -> None:
+        self.responses = Responses(self.settings.responses_store_max_entries,
+                                   self.settings.responses_store_max_bytes)
 
     @property
     def system_fingerprint(self) -> str:

@@ -11,11 +11,13 @@ not TGI's `repetition_penalty` mapping; stop strings are left out of the text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from switchyard.constraints import engine_can_constrain, response_format_constraint
 from switchyard.errors import ApiError, validation_error
-from switchyard.media import ImageSet, encode_prompt
+from switchyard.media import EncodedPrompt, ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
@@ -286,6 +288,18 @@ class ChatPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     plan: GenerationPlan
     tools: ToolSetup | None = None
+    prompt_text: str = ""
+    """The rendered prompt (chat template applied) the plan's token ids encode."""
+
+
+PromptEncoder = Callable[[ServedModel, str, ImageSet | None], EncodedPrompt]
+"""Tokenizes a rendered chat prompt (the Responses API's encoder reuses a stored
+conversation's tokens)."""
+
+
+def encode_chat_prompt(model: ServedModel, text: str, images: ImageSet | None) -> EncodedPrompt:
+    """A rendered chat prompt's tokens: the template wrote the special tokens itself."""
+    return encode_prompt(model, text, images, add_special_tokens=False, api="openai")
 
 
 def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -> GenerationPlan:
@@ -315,9 +329,11 @@ def _check_chat_fields(req: oai.ChatCompletionRequest) -> None:
 
 
 def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
-                   images: ImageSet | None = None) -> ChatPlan:
+                   images: ImageSet | None = None,
+                   encode: PromptEncoder = encode_chat_prompt) -> ChatPlan:
     """:func:`plan_chat`, with the request's tool calling (`tools`, `tool_choice`) and its
-    `images` (from `switchyard.media.chat_images`, which also rewrote its `image_url` parts)."""
+    `images` (from `switchyard.media.chat_images`, which also rewrote its `image_url` parts).
+    ``encode`` tokenizes the rendered prompt."""
     _check_chat_fields(req)
     _reject_unsupported_chat_fields(req)
     constraint = chat_constraint(model, req)
@@ -337,8 +353,8 @@ def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionReque
     min_tokens = check_min_tokens(req.min_tokens, max_tokens)
     check_parameters(params, gw.settings, max_top_n=MAX_TOP_LOGPROBS)
     bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
-    prompt = encode_prompt(model, chat_prompt(model, req, tools), images,
-                           add_special_tokens=False, api="openai")
+    text = chat_prompt(model, req, tools)
+    prompt = encode(model, text, images)
     check_context(len(prompt.ids), max_tokens, model.limits, "messages", max_param)
     plan = build_plan(
         prompt.ids, params, model.limits, model.info.eos_token_ids,
@@ -346,7 +362,7 @@ def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionReque
         constraint=constraint, images=prompt.images, min_new_tokens=min_tokens,
         ignore_eos=req.ignore_eos,
     )
-    return ChatPlan(plan=plan, tools=tools)
+    return ChatPlan(plan=plan, tools=tools, prompt_text=text)
 
 
 class CompletionPlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,4 @@
-"""OpenAI routes: `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
+"""OpenAI routes: `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/models`.
 
 Requests are mapped onto TGI's parameters and validated by the same rules
 (`openai_mapping/plans.py`), then answered in OpenAI's shapes: real ids,
@@ -19,6 +19,7 @@ from switchyard.protocol import openai as oai
 from switchyard.routes.errors import openai_exception_handlers
 from switchyard.routes.openai_chat import chat_completions
 from switchyard.routes.openai_completions import completions
+from switchyard.routes.responses import ROUTES as RESPONSES_ROUTES
 from switchyard.state import Gateway
 
 
@@ -47,6 +48,6 @@ def _owner(model: AnyModel) -> str:
 
 router = Router(
     path="/",
-    route_handlers=[chat_completions, completions, list_models],
+    route_handlers=[chat_completions, completions, list_models, *RESPONSES_ROUTES],
     exception_handlers=openai_exception_handlers(),
 )

@@ -1,0 +1,213 @@
+"""A Responses turn as a chat request: the same template, tool format and grammar as chat.
+
+The conversation (earlier turns' items, then this request's) becomes chat
+messages: `instructions` a system message first (this turn's only: OpenAI
+does not carry them over), `developer` messages system messages, function
+calls an assistant message's `tool_calls` and their outputs `tool` messages.
+The chat route's planner then renders, tokenizes and checks it, so a
+Responses request and a chat request for the same messages get the same
+prompt and the same answer.
+
+Chained turns keep their tokens: when the rendered prompt starts with the
+text a stored turn ended with (its prompt and the tokens it generated), the
+prompt is those token ids plus the rest tokenized, so it extends the last
+turn exactly and the prefix cache serves all of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from switchyard.errors import ApiError
+from switchyard.media import EncodedPrompt, ImageSet, chat_images
+from switchyard.models.served import ServedModel
+from switchyard.openai_mapping.plans import (
+    CONTEXT_EXCEEDED,
+    ChatPlan,
+    encode_chat_prompt,
+    invalid,
+    plan_chat_call,
+)
+from switchyard.protocol import openai as oai
+from switchyard.protocol import responses as rs
+from switchyard.responses.store import Anchor
+from switchyard.state import Gateway
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDES = (LOGPROBS_INCLUDE,)
+"""`include` values served; others are a 400 naming them."""
+_CHAT_PARAMS = {
+    "messages": "input", "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens", "response_format": "text.format",
+    "logprobs": "top_logprobs", "n": None,
+}
+_CHAT_WORDS = [(re.compile(r"'max_completion_tokens'"), "'max_output_tokens'"),
+               (re.compile(r"\byour messages\b"), "your input"),
+               (re.compile(r"\bof the messages\b"), "of the input"),
+               (re.compile(r"`response_format`"), "`text.format`")]
+
+
+def _text_parts(content: list[rs.ContentPart]) -> str | list[oai.ContentPart]:
+    """A message's content as chat content: plain text, or parts when it holds images."""
+    if not any(isinstance(p, rs.InputImage) for p in content):
+        return "".join(p.refusal if isinstance(p, rs.Refusal) else p.text for p in content
+                       if not isinstance(p, rs.InputImage))
+    parts = []
+    for p in content:
+        if isinstance(p, rs.InputImage):
+            parts.append(oai.ContentPart(type="image_url",
+                                         image_url=oai.ImageUrl(url=p.image_url or "",
+                                                                detail=p.detail)))
+        else:
+            parts.append(oai.ContentPart(type="text", text=p.refusal if isinstance(
+                p, rs.Refusal) else p.text))
+    return parts
+
+
+def chat_messages(instructions: str | None, items: list[rs.Item]) -> list[oai.ChatMessageIn]:
+    """The conversation as chat messages (calls folded into the assistant's message)."""
+    out: list[oai.ChatMessageIn] = []
+    if instructions:
+        out.append(oai.ChatMessageIn(role="system", content=instructions))
+    for item in items:
+        if isinstance(item, rs.MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            out.append(oai.ChatMessageIn(role=role, content=_text_parts(item.content)))
+        elif isinstance(item, rs.FunctionCallItem):
+            call = oai.ToolCall(id=item.call_id, function=oai.FunctionCall(
+                name=item.name, arguments=item.arguments))
+            last = out[-1] if out else None
+            if last is not None and last.role == "assistant" and (
+                    last.tool_calls or isinstance(last.content, str)):
+                last.tool_calls = [*(last.tool_calls or []), call]
+            else:
+                out.append(oai.ChatMessageIn(role="assistant", content=None, tool_calls=[call]))
+        else:
+            out.append(oai.ChatMessageIn(role="tool", content=item.output,
+                                         tool_call_id=item.call_id))
+    return out
+
+
+def _response_format(text: rs.TextConfig | None) -> oai.ResponseFormat | None:
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return oai.ResponseFormat(type="json_object")
+    if fmt.type == "json_schema":
+        if fmt.schema is None:
+            raise invalid("Missing required parameter: 'text.format.schema'.",
+                          "text.format.schema")
+        return oai.ResponseFormat(type="json_schema", json_schema=oai.JsonSchemaConfig(
+            name=fmt.name, schema=fmt.schema, description=fmt.description, strict=fmt.strict))
+    raise invalid(f"Invalid value for 'text.format.type': expected 'text', 'json_object' or "
+                  f"'json_schema', but got {fmt.type!r}.", "text.format.type")
+
+
+def wants_logprobs(include: list[str] | None) -> bool:
+    """Whether `include` asks for output text logprobs (other values are a 400)."""
+    for i, value in enumerate(include or []):
+        if value not in INCLUDES:
+            raise invalid(f"Invalid value for 'include[{i}]': {value!r} is not served (this "
+                          f"server serves {', '.join(INCLUDES)}).", f"include[{i}]")
+    return LOGPROBS_INCLUDE in (include or [])
+
+
+def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.FunctionTool],
+                 choice: str | rs.FunctionChoice) -> oai.ChatCompletionRequest:
+    """The chat request that stands for this turn."""
+    logprobs = wants_logprobs(req.include)
+    if req.top_logprobs is not None and not logprobs:
+        # OpenAI accepts it alone; it then has nothing to return: say so.
+        raise invalid(f"'top_logprobs' needs include: [\"{LOGPROBS_INCLUDE}\"].",
+                      "top_logprobs")
+    if logprobs and tools and choice != "none":
+        raise invalid("Output text logprobs are not served together with function tools: "
+                      "the tokens of a call are not output text.", "include")
+    calls = req.parallel_tool_calls
+    if req.max_tool_calls is not None:
+        if req.max_tool_calls < 1:
+            raise invalid(f"Invalid 'max_tool_calls': expected a value >= 1, but got "
+                          f"{req.max_tool_calls}.", "max_tool_calls")
+        if req.max_tool_calls == 1:
+            calls = False
+    return oai.ChatCompletionRequest(
+        model=req.model,
+        messages=chat_messages(req.instructions, items),
+        max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+        logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
+        response_format=_response_format(req.text),
+        tools=[oai.Tool(function=oai.FunctionDefinition(
+            name=t.name, description=t.description, parameters=t.parameters,
+            strict=t.strict)) for t in tools] or None,
+        tool_choice=(choice if isinstance(choice, str) else oai.NamedToolChoice(
+            function=oai.FunctionName(name=choice.name))) if tools else None,
+        parallel_tool_calls=calls,
+    )
+
+
+def anchored(anchors: tuple[Anchor, ...]):  # noqa: ANN201 - a PromptEncoder
+    """An encoder that reuses the longest anchor the rendered prompt starts with."""
+
+    def encode(model: ServedModel, text: str, images: ImageSet | None) -> EncodedPrompt:
+        if images is None:
+            for anchor in anchors:
+                if text.startswith(anchor.text):
+                    rest = model.tokenizer.encode(text[len(anchor.text):], False)
+                    return EncodedPrompt(ids=[*anchor.ids, *rest])
+        return encode_chat_prompt(model, text, images)
+
+    return encode
+
+
+def responses_error(exc: ApiError) -> ApiError:
+    """A chat planner's error in the Responses API's field names."""
+    if exc.param is None:
+        return exc
+    head, _, rest = exc.param.partition(".")
+    if head.split("[", 1)[0] not in _CHAT_PARAMS:
+        return exc
+    mapped = _CHAT_PARAMS[head.split("[", 1)[0]]
+    message = exc.message
+    for pattern, word in _CHAT_WORDS:
+        message = pattern.sub(word, message)
+    return ApiError(exc.status, message, exc.error_type, param=mapped, code=exc.code)
+
+
+async def plan_turn(gw: Gateway, model: ServedModel, req: rs.ResponsesRequest,
+                    items: list[rs.Item], tools: list[rs.FunctionTool],
+                    choice: str | rs.FunctionChoice,
+                    anchors: tuple[Anchor, ...]) -> tuple[ChatPlan, list[rs.Item]]:
+    """Plan the turn; with `truncation: auto`, the oldest items are dropped until it fits.
+
+    Returns the plan and the items it kept.
+    """
+    kept = list(items)
+    while True:
+        chat = chat_request(req, kept, tools, choice)
+        try:
+            chat, images = await chat_images(gw, model, chat)
+            return plan_chat_call(gw, model, chat, images, anchored(anchors)), kept
+        except ApiError as exc:
+            if (req.truncation == "auto" and exc.code == CONTEXT_EXCEEDED
+                    and exc.param == "messages" and len(kept) > 1):
+                kept = _drop_oldest(kept)
+                continue
+            raise responses_error(exc) from None
+
+
+def _drop_oldest(items: list[rs.Item]) -> list[rs.Item]:
+    """The conversation without its oldest item, and without outputs of calls it lost."""
+    rest = items[1:]
+    called = {i.call_id for i in rest if isinstance(i, rs.FunctionCallItem)}
+    return [i for i in rest
+            if not (isinstance(i, rs.FunctionCallOutputItem) and i.call_id not in called)]
+
+
+def check_truncation(value: str | None) -> None:
+    """`truncation`: `auto` or `disabled`."""
+    if value not in (None, "auto", "disabled"):
+        raise invalid(f"Invalid value for 'truncation': expected 'auto' or 'disabled', but "
+                      f"got {value!r}.", "truncation")
+
