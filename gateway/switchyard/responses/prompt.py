@@ -8,10 +8,12 @@ The chat route's planner then renders, tokenizes and checks it, so a
 Responses request and a chat request for the same messages get the same
 prompt and the same answer.
 
-Chained turns keep their tokens: when the rendered prompt starts with the
-text a stored turn ended with (its prompt and the tokens it generated), the
-prompt is those token ids plus the rest tokenized, so it extends the last
-turn exactly and the prefix cache serves all of it.
+Chained turns extend their tokens: a turn's prompt is the chat route's
+tokenization when that starts with the tokens an earlier turn ended with
+(its prompt, or its prompt and what it generated); otherwise, when the
+rendered text still starts with that turn's text, it is those token ids
+plus the rest tokenized. Either way the prefix cache serves the earlier
+turn, and a chain is not re-prefilled from the start each turn.
 """
 
 from __future__ import annotations
@@ -148,15 +150,24 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.
 
 
 def anchored(anchors: tuple[Anchor, ...]):  # noqa: ANN201 - a PromptEncoder
-    """An encoder that reuses the longest anchor the rendered prompt starts with."""
+    """An encoder that keeps the chat route's tokens when they extend an earlier turn's,
+    and otherwise keeps the earlier turn's tokens and tokenizes the rest after them."""
 
     def encode(model: ServedModel, text: str, images: ImageSet | None) -> EncodedPrompt:
-        if images is None:
-            for anchor in anchors:
-                if text.startswith(anchor.text):
-                    rest = model.tokenizer.encode(text[len(anchor.text):], False)
-                    return EncodedPrompt(ids=[*anchor.ids, *rest])
-        return encode_chat_prompt(model, text, images)
+        plain = encode_chat_prompt(model, text, images)
+        if images is not None or not anchors:
+            return plain
+        ids = plain.ids
+        for anchor in anchors:
+            if ids[:len(anchor.ids)] == list(anchor.ids):
+                return plain  # the chat route's own tokens already extend this turn
+        for anchor in anchors:
+            if text.startswith(anchor.text):
+                # The template's text merges across the turn boundary, or the model wrote
+                # tokens its tokenizer would not: keep them, so the prefix cache serves them.
+                rest = model.tokenizer.encode(text[len(anchor.text):], False)
+                return EncodedPrompt(ids=[*anchor.ids, *rest])
+        return plain
 
     return encode
 
