@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from text_generation import Client
 
-from tests.conftest import start_server, stop_server
+from tests.support.live_server import start_server, stop_server
 
 KEY = "s3cret-key"
 LIMIT = 4096

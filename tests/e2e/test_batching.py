@@ -15,7 +15,7 @@ import torch
 from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import start_server, stop_server
+from tests.support.live_server import start_server, stop_server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
 from tests.support.abandoned import (
     CHAT,
     COMPLETION,
@@ -29,6 +28,7 @@ from tests.support.abandoned import (
     request_lines,
     wait_until_idle,
 )
+from tests.support.live_server import LiveServer
 
 _FAILURE = re.compile(r'^tgi_request_failure\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
 

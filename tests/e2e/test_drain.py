@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, _free_port
+from tests.support.live_server import LiveServer, free_port
 from tests.support.prometheus import Scrape
 from tests.support.waiting import eventually
 
@@ -36,7 +36,7 @@ DRAIN_TIMEOUT = 120
 @pytest.fixture(scope="module")
 def live(default_model_path: Path, model_cache: Path,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("logs") / "drain-server.log"
     env = {**os.environ, "SWITCHYARD_CACHE": str(model_cache), "HF_HUB_OFFLINE": "1",
            "PORT": str(port), "HOSTNAME": "127.0.0.1", "MODEL_ID": str(default_model_path),

@@ -27,7 +27,6 @@ import pytest
 from text_generation import Client
 from text_generation.errors import GenerationError
 
-from tests.conftest import LiveServer, start_server, stop_server
 from tests.support.abandoned import (
     CHAT,
     COMPLETION,
@@ -36,6 +35,7 @@ from tests.support.abandoned import (
     dropped_lines,
     wait_until_idle,
 )
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.waiting import eventually
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time"]

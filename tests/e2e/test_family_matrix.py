@@ -2,7 +2,7 @@
 transformers.
 
 One `switchyard serve --config` server serves all the families as named models
-(`tests/e2e/family_models.py`: tiny random models, 2 layers, hidden 64, with
+(`tests/support/family_models.py`: tiny random models, 2 layers, hidden 64, with
 the default model's tokenizer), in float32 with EOS ignored, so every request
 makes exactly its ``max_new_tokens`` and greedy tokens compare exactly. For
 each family:
@@ -29,8 +29,8 @@ import pytest
 import torch
 from text_generation import Client
 
-from tests.conftest import LiveServer, start_server, stop_server
-from tests.e2e.family_models import FAMILIES, MAX_POSITIONS, ensure_family
+from tests.support.family_models import FAMILIES, MAX_POSITIONS, ensure_family
+from tests.support.live_server import LiveServer, start_server, stop_server
 
 NEW = 16
 PROMPTS = [

@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from schemathesis import GenerationMode
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.live_server import LiveServer, start_server, stop_server
 
 CASES = {
     GenerationMode.POSITIVE: int(os.environ.get("SWITCHYARD_FUZZ_CASES", "20")),

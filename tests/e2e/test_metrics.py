@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from switchyard.telemetry.exposition import format_number, render
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.prometheus import Scrape
 from tests.support.waiting import eventually
 

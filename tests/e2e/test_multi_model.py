@@ -19,8 +19,8 @@ from huggingface_hub import InferenceClient
 from text_generation import Client
 from transformers import AutoTokenizer
 
-from tests.conftest import LiveServer, start_server, stop_server
-from tests.gaudi.conftest import generate_greedy
+from tests.support.greedy import generate_greedy
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"

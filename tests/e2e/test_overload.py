@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
+from tests.support.live_server import start_server, stop_server
 from tests.support.waiting import eventually
 
 

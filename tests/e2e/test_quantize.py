@@ -1,7 +1,7 @@
 """``switchyard serve --quantize``, end to end, with the real clients.
 
 int8 and int4 serve the greedy tokens of a transformers reference over the
-same quantized weights: in bf16 matmuls (``tests/xeon/quantized_reference.py``)
+same quantized weights: in bf16 matmuls (``tests/support/quantized_reference.py``)
 where the CPU has AVX512_BF16, in fp32 over the dequantized weights where the
 AVX2 + FMA panels run them instead; a name no
 plugin declares stops start-up with what the engine can run; a GPTQ folder
@@ -17,13 +17,13 @@ from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from switchyard_xeon.kernels import load_kernels
-from tests.conftest import start_server, stop_server
-from tests.quant.methods import method
 from tests.support.bf16_reference import with_bf16_matmuls
 from tests.support.calibration import calibration_prompts
 from tests.support.dequantized_reference import with_dequantized_weights
 from tests.support.gptq_reference import gptq_bf16_reference, gptq_fp32_reference
 from tests.support.greedy import assert_greedy_near
+from tests.support.live_server import start_server, stop_server
+from tests.support.quant_methods import method
 from tests.support.w8a8_reference import smoothquant_twin
 
 PROMPT = "The quick brown fox"
@@ -199,10 +199,10 @@ def test_a_q4_0_gguf_file_serves_its_blocks_as_they_are_to_both_clients(model_ca
     the conversion kept and serves them with ``--quantize gguf`` (uint4, exactly the file's
     weights); in fp32 the TGI client's greedy tokens are transformers' on the dequantized
     weights, token for token, and the OpenAI SDK's text is theirs. The default model re-encoded
-    in Q4_0 (``tests/gguf_files.py``)."""
+    in Q4_0 (``tests/support/gguf_files.py``)."""
     from switchyard.models.gguf import ensure_gguf_model
 
-    from tests.gguf_files import smollm2_q4_0
+    from tests.support.gguf_files import smollm2_q4_0
 
     if not load_kernels().quant_fma:
         pytest.skip(f"no AVX2 + FMA quantized panels here ({load_kernels().reason})")

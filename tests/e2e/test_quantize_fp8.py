@@ -14,10 +14,10 @@ import torch
 from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import start_server, stop_server
 from tests.support.calibration import calibration_prompts
 from tests.support.fp8_reference import fp8_twin
 from tests.support.greedy import assert_greedy_near
+from tests.support.live_server import start_server, stop_server
 
 PROMPT = "The quick brown fox"
 NEW_TOKENS = 8

@@ -36,7 +36,7 @@ import torch
 from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.live_server import LiveServer, start_server, stop_server
 
 NAME = "switchyard/smollm2-135m-instruct"
 MAX_TOKENS = 24

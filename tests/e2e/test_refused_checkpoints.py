@@ -1,7 +1,7 @@
 """`switchyard serve` refuses, on every engine, a checkpoint whose loading would invent weights.
 
 A BERT encoder, a causal LM without its (untied) LM head, and a folder whose
-safetensors file is cut short (`tests/bad_checkpoints.py`): one `--config`
+safetensors file is cut short (`tests/support/bad_checkpoints.py`): one `--config`
 server lists each on the xeon engine and on the gaudi engine (CPU device);
 none loads, so the server exits, and its log names why for each. A single
 model's refusal is what the CLI prints: one line, no traceback.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
-from tests.conftest import start_server
+from tests.support.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
+from tests.support.live_server import start_server
 
 ENGINES = {"xeon": "{ num_threads = 1 }", "gaudi": '{ device = "cpu", num_threads = 1 }'}
 

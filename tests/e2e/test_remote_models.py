@@ -22,8 +22,8 @@ import text_generation
 from huggingface_hub import InferenceClient
 from text_generation import Client
 
-from tests.conftest import LiveServer, _free_port, start_server, stop_server
-from tests.e2e.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.live_server import LiveServer, free_port, start_server, stop_server
 from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"
@@ -84,7 +84,7 @@ timeout_s = 10
 
 [[models]]
 name = "missing"
-upstreams = ["http://127.0.0.1:{_free_port()}"]
+upstreams = ["http://127.0.0.1:{free_port()}"]
 """)
     live = start_server(model_cache, folder, "--config", str(config), "--dtype", "float32")
     yield live

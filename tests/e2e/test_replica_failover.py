@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.waiting import eventually
 
 PROMPT = "def fibonacci(n):"

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM
 
 from switchyard.text import TextTokenizer, load_tokenizer
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.live_server import LiveServer, start_server, stop_server
 
 TOL = 1e-4
 SERVER_ARGS = ("--dtype", "float32", "--max-total-tokens", "512", "--max-input-tokens", "400")

@@ -3,7 +3,7 @@
 Two servers: the session's default model, whose ChatML template has no tool
 format (so the gateway writes the tools into the prompt and the calls come in
 the fallback JSON format), and a copy of it with Qwen 2.5's tool template
-(`tests/e2e/hermes_model.py`), whose calls come as `<tool_call>` blocks. The
+(`tests/support/hermes_model.py`), whose calls come as `<tool_call>` blocks. The
 model is random, so every call that parses and validates does so because the
 grammar held the engine to it. Wire shapes are read from the raw JSON and
 server-sent events (httpx), and again through the OpenAI SDK's own
@@ -28,8 +28,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from tests.conftest import start_server, stop_server
-from tests.e2e.hermes_model import TOOL_CALL_ID, build_hermes_model
+from tests.support.hermes_model import TOOL_CALL_ID, build_hermes_model
+from tests.support.live_server import start_server, stop_server
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                             "days": {"type": "integer", "minimum": 1,

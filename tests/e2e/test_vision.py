@@ -26,9 +26,9 @@ from huggingface_hub import InferenceClient
 from PIL import Image
 from text_generation import Client
 
-from tests.conftest import LiveServer, start_server, stop_server
-from tests.e2e.image_server import Answer, ImageServer
-from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
+from tests.support.image_server import Answer, ImageServer
+from tests.support.live_server import LiveServer, start_server, stop_server
+from tests.support.vlm_model import IMAGE_TOKEN, ensure_vlm, png, reference_greedy
 from tests.support.waiting import eventually
 
 MAX_NEW = 8

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from switchyard_xeon import isa
-from tests.conftest import start_server, stop_server
+from tests.support.live_server import start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def fibonacci(n):", "Once upon a time"]

@@ -11,7 +11,7 @@ import torch
 
 from switchyard_engine.loading import cpu_flags, load_causal_lm, resolve_dtype
 from switchyard_spec import EngineStartError
-from tests.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
+from tests.support.bad_checkpoints import BAD_CHECKPOINTS, EXPECTED, build_bad_checkpoint
 
 
 def test_auto_dtype_follows_cpu_flags():

@@ -1,4 +1,4 @@
-"""switchyard_engine.watermark against TGI's watermark, stated in ``tgi_watermark.py``.
+"""switchyard_engine.watermark against TGI's, stated in ``tests/support/tgi_watermark.py``.
 
 The statement there is written from TGI's processor (hash key, gamma and delta and
 their environment variables, seeding, green list, bias), not from our module; the
@@ -19,7 +19,7 @@ from switchyard_engine.watermark import (
 )
 from switchyard_spec import SamplingParams
 
-from tests.engine.tgi_watermark import (
+from tests.support.tgi_watermark import (
     TGI_DEFAULT_DELTA,
     TGI_DEFAULT_GAMMA,
     TGI_DELTA_ENV,

@@ -2,7 +2,7 @@
 
 The conversion (``switchyard.models.gguf``) keeps, beside the float32
 folder, the blocks of each linear whose GGUF tensor is Q4_0, found by
-content: here on a tiny Llama of mixed block types (``tests/gguf_files.py``:
+content: here on a tiny Llama of mixed block types (``tests/support/gguf_files.py``:
 the embedding, so the tied LM head, in Q4_0; a Q8_0 v projection and an
 F32 o projection that stay float; q and k rows that transformers reorders),
 and with a weight changed by one bit, whose blocks are then not kept. The
@@ -25,7 +25,7 @@ from switchyard.models.gguf import ensure_gguf_model, find_converted, keep_block
 from switchyard.plugins import PluginHost
 from switchyard_spec import GGUF_BLOCKS_FILE
 
-from tests.gguf_files import TINY, tiny_llama_gguf
+from tests.support.gguf_files import TINY, tiny_llama_gguf
 
 KEPT = {"lm_head.weight", *(f"model.layers.0.{n}.weight" for n in (
     "self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),

@@ -2,7 +2,7 @@
 
 Fetches go to a loopback HTTP server started here (no network). The
 processor tests use the tiny Llava-Next and Llava folders of
-`tests/e2e/vlm_model.py` and check the gateway's ids and pixel arrays against
+`tests/support/vlm_model.py` and check the gateway's ids and pixel arrays against
 the model's own processor on the same prompt.
 """
 
@@ -37,8 +37,8 @@ from switchyard.settings import ServeSettings, TokenLimits
 from switchyard.text import load_tokenizer
 from switchyard.validation import build_plan
 from switchyard_spec import EngineRequest, ImageInput, SamplingParams, StoppingParams
-from tests.e2e.image_server import Answer, ImageServer
-from tests.e2e.vlm_model import IMAGE_TOKEN, ensure_vlm, png
+from tests.support.image_server import Answer, ImageServer
+from tests.support.vlm_model import IMAGE_TOKEN, ensure_vlm, png
 
 
 def _problem(job: Callable[[], object] | Coroutine[Any, Any, object]) -> ImageProblem:

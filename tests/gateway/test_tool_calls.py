@@ -65,7 +65,7 @@ def _chunkings(text: str, seed: int) -> list[str]:
 
 
 def test_format_follows_the_template():
-    from tests.e2e.hermes_model import QWEN_TOOLS_TEMPLATE
+    from tests.support.hermes_model import QWEN_TOOLS_TEMPLATE
 
     assert tool_format(QWEN_TOOLS_TEMPLATE) is HERMES
     llama = ('Respond in the format {"name": function name, "parameters": dictionary of '
@@ -283,7 +283,7 @@ def test_history_reaches_the_template_in_each_familys_form():
             hf_tokenizer=SimpleNamespace(chat_template=template)))
 
     text_of = lambda m: m.content or ""  # noqa: E731
-    from tests.e2e.hermes_model import QWEN_TOOLS_TEMPLATE
+    from tests.support.hermes_model import QWEN_TOOLS_TEMPLATE
 
     native = chat_messages(model(QWEN_TOOLS_TEMPLATE), req, text_of, None)
     assert native[1].tool_calls == ({"id": "call_1", "type": "function", "function": {

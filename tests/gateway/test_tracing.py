@@ -27,7 +27,7 @@ from switchyard_spec import DeviceInfo, EngineConfig, EngineSpec, hookimpl
 from tests.support.waiting import eventually
 
 XEON_OPTIONS = {"num_threads": "1"}
-"""As tests/xeon/conftest.py: the tiny model gains nothing from more threads."""
+"""As tests/support/xeon_options.py: the tiny model gains nothing from more threads."""
 
 
 class _OneThreadXeon:

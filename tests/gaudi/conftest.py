@@ -15,35 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 from switchyard_gaudi.engine import GaudiEngine
-from switchyard_spec import EngineConfig
 
-from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
-
-__all__ = ["SMALL_ENV", "Collector", "cpu_config", "greedy_request", "prompt_of", "token_ids"]
-
-SMALL_ENV = {"PAD_SEQUENCE_TO_MULTIPLE_OF": "16", "PREFILL_BATCH_BUCKET_SIZE": "2",
-             "BATCH_BUCKET_SIZE": "4"}
-"""The seed's bucket variables, set small: prompts padded to 16s, batches to 2s and 4s."""
-CPU_OPTIONS = {"device": "cpu", "num_threads": "1"}
-"""The tiny models gain nothing from more threads; on a busy 2-core machine OpenMP
-threads waiting at barriers for a descheduled peer make every step slower."""
-
-
-def cpu_config(model_path: Path | str, options: dict[str, str] | None = None,
-               **limits: int) -> EngineConfig:
-    """A float32 engine config on the CPU device (96-token sequences, 48-token prompts, 8 rows)."""
-    values = {"max_total_tokens": 96, "max_input_tokens": 48, "max_batch_size": 8,
-              "max_batch_prefill_tokens": 128, **limits}
-    return EngineConfig(model_path=str(model_path), dtype="float32",
-                        options={**CPU_OPTIONS, **(options or {})},
-                        **values)  # type: ignore[arg-type]
+from tests.support.gaudi_config import SMALL_ENV, cpu_config
 
 
 @pytest.fixture
 def make_gaudi() -> Iterator[Callable[..., GaudiEngine]]:
     """Build and start Gaudi engines on the CPU device; all are shut down after the test.
 
-    ``env`` is added to :data:`SMALL_ENV`; ``warmup`` runs the plan after start.
+    ``env`` is added to :data:`~tests.support.gaudi_config.SMALL_ENV`; ``warmup`` runs the plan
+    after start.
     """
     engines: list[GaudiEngine] = []
 
@@ -80,11 +61,3 @@ def reference_llama(default_model_path: Path) -> torch.nn.Module:
 
     return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
 
-
-def generate_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
-    """``generate``'s greedy continuation of one unpadded prompt, EOS ignored."""
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                             dtype=torch.long), do_sample=False, max_new_tokens=new,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()

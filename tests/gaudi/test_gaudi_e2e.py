@@ -23,10 +23,9 @@ from huggingface_hub import InferenceClient
 from text_generation import Client
 from transformers import AutoTokenizer
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.greedy import generate_greedy
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.waiting import eventually
-
-from .conftest import generate_greedy
 
 pytestmark = pytest.mark.e2e  # every test here runs against `switchyard serve --engine gaudi`
 

@@ -22,7 +22,8 @@ from switchyard_spec import (
     StoppingParams,
 )
 
-from .conftest import Collector, generate_greedy, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.greedy import generate_greedy
 
 MAX_TOTAL = 96
 

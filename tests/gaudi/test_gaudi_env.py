@@ -21,7 +21,9 @@ from switchyard_spec import (
     StoppingParams,
 )
 
-from .conftest import Collector, cpu_config, generate_greedy, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.gaudi_config import cpu_config
+from tests.support.greedy import generate_greedy
 
 
 def _run(engine: GaudiEngine, prompt: list[int], new: int, rid: str = "r") -> list[int]:

@@ -18,7 +18,8 @@ import pytest
 import torch
 from switchyard_gaudi.warmup_plan import DECODE, PREFILL, Shape
 
-from .conftest import Collector, generate_greedy, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.greedy import generate_greedy
 
 SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=96, num_hidden_layers=3,
              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,

@@ -34,15 +34,14 @@ from switchyard_spec import (  # noqa: E402
     StoppingParams,
 )
 
-from .conftest import (  # noqa: E402
-    SMALL_ENV,
+from tests.support.engine_requests import (  # noqa: E402
     Collector,
-    cpu_config,
-    generate_greedy,
     greedy_request,
     prompt_of,
     token_ids,
 )
+from tests.support.gaudi_config import SMALL_ENV, cpu_config  # noqa: E402
+from tests.support.greedy import generate_greedy  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "plugins" / "gaudi" / "examples"
 MEASURE_JSON, QUANT_JSON = EXAMPLES / "maxabs_measure.json", EXAMPLES / "maxabs_quant.json"

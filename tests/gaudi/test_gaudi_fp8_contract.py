@@ -28,20 +28,12 @@ from switchyard_gaudi.engine import GaudiEngine
 from switchyard_gaudi.fp8_linears import Fp8Linear
 from switchyard_spec import ActivationStatistics, EngineConfig, EngineStartError
 
-from tests.quant.methods import method
 from tests.support.calibration import calibration_prompts
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.fp8_reference import Fp8Reference, fp8_twin
-from tests.support.greedy import assert_greedy_near
-
-from .conftest import (
-    SMALL_ENV,
-    Collector,
-    cpu_config,
-    generate_greedy,
-    greedy_request,
-    prompt_of,
-    token_ids,
-)
+from tests.support.gaudi_config import SMALL_ENV, cpu_config
+from tests.support.greedy import assert_greedy_near, generate_greedy
+from tests.support.quant_methods import method
 
 FP8 = method("fp8")
 LIMITS = {"max_total_tokens": 64, "max_input_tokens": 32, "max_batch_size": 4,
@@ -167,7 +159,7 @@ def test_switchyard_serve_gaudi_quantize_fp8_with_the_tgi_client(model_cache, de
     from text_generation import Client
     from transformers import AutoTokenizer
 
-    from tests.conftest import start_server, stop_server
+    from tests.support.live_server import start_server, stop_server
 
     prompt = "The quick brown fox"
     live = start_server(
@@ -209,7 +201,7 @@ def test_fp8_sharded_is_refused(default_model_path, tmp_path):
 
 
 def test_fp8_with_a_vision_model_is_refused(default_model_path, model_cache, tmp_path):
-    from tests.e2e.vlm_model import ensure_vlm
+    from tests.support.vlm_model import ensure_vlm
 
     folder = ensure_vlm("llava_next", default_model_path, model_cache)
     with pytest.raises(EngineStartError, match="--quantize fp8 is not supported for .*vision"):

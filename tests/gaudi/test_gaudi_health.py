@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from tests.support.engine_requests import Collector, greedy_request, prompt_of
 from tests.support.waiting import eventually
-
-from .conftest import Collector, greedy_request, prompt_of
 
 
 def test_a_failed_step_is_probed_with_a_real_generation_and_recovers(make_gaudi,

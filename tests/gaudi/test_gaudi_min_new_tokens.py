@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 from switchyard_spec import EngineRequest, FinishReason, SamplingParams, StoppingParams
 
-from tests.xeon.conftest import hf_min_new_tokens
-
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.greedy import hf_min_new_tokens
 
 EOS_BIAS = 5.0
 PROMPT = prompt_of(11, 3)

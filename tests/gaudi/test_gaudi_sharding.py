@@ -31,10 +31,11 @@ from switchyard_spec import EngineRequest, EngineStartError, SamplingParams, Sto
 from text_generation import Client
 from transformers import AutoTokenizer
 
-from tests.conftest import LiveServer, start_server, stop_server
+from tests.support.engine_requests import Collector, greedy_request, prompt_of
+from tests.support.gaudi_config import SMALL_ENV, cpu_config
+from tests.support.greedy import generate_greedy
+from tests.support.live_server import LiveServer, start_server, stop_server
 from tests.support.waiting import eventually
-
-from .conftest import SMALL_ENV, Collector, cpu_config, generate_greedy, greedy_request, prompt_of
 
 pytest.importorskip("deepspeed", reason="sharding runs DeepSpeed AutoTP (see docs/gaudi.md)")
 

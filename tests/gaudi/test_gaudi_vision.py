@@ -26,10 +26,10 @@ from switchyard_gaudi.vision import VisionRunner
 from switchyard_gaudi.warmup_plan import PREFILL, BucketSettings, Limits, Memory, plan_warmup
 from switchyard_spec import EngineRequest, EngineStartError, SamplingParams, StoppingParams
 
-from tests.conftest import LiveServer, start_server, stop_server
-from tests.e2e.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
-
-from .conftest import SMALL_ENV, Collector, cpu_config, greedy_request, token_ids
+from tests.support.engine_requests import Collector, greedy_request, token_ids
+from tests.support.gaudi_config import SMALL_ENV, cpu_config
+from tests.support.live_server import LiveServer, start_server, stop_server
+from tests.support.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
 
 TEXT = "What is in ![](http://h/picture.png) this picture?"
 MAX_NEW = 10

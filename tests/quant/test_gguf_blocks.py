@@ -17,7 +17,7 @@ the tolerance is zero:
   by ``gguf``'s own Q4_1 quantizer;
 - the real weights of the default model (SmolLM2-135M-Instruct): its own
   Q4_1 linears, and the same re-encoded as Q4_0 by ``gguf``'s quantizer
-  (``tests/gguf_files.py``), through the gateway's conversion: all 210
+  (``tests/support/gguf_files.py``), through the gateway's conversion: all 210
   kept linears, against ``gguf``'s dequantization of the file's tensors
   (rows of q and k in transformers' order) and against the folder's
   float32 weights;
@@ -41,8 +41,8 @@ from safetensors.torch import save_file
 from switchyard_spec import GGUF_BLOCK_TYPES, GGUF_BLOCKS_FILE, uint4_group_asym, uint4_group_min
 from switchyard_quant.checkpoints.gguf import load_gguf, q4_0_weight, q4_1_weight
 
-from tests.gguf_files import default_gguf, smollm2_q4_0
-from tests.quant.methods import method
+from tests.support.gguf_files import default_gguf, smollm2_q4_0
+from tests.support.quant_methods import method
 
 Q4_0 = GGMLQuantizationType.Q4_0
 Q4_1 = GGMLQuantizationType.Q4_1

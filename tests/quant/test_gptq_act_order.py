@@ -26,9 +26,9 @@ from switchyard_quant.checkpoints.writer import gptq_tensors, main, write_gptq
 from switchyard_quant.gptq_layers import GptqSettings
 from switchyard_quant.gptq_solver import HessianAccumulator, gptq_quantize
 
-from tests.quant.methods import method
 from tests.support.gptq_layout import LAYER, gptq_config, pack_rows, quantized_folder
 from tests.support.gptq_reference import served_with_the_tokens_of_its_weights
+from tests.support.quant_methods import method
 
 
 def _act_order_example(n: int = 16, k: int = 256, group: int = 64, seed: int = 0):

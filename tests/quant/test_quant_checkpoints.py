@@ -19,8 +19,8 @@ from switchyard_quant.checkpoints.folder import CheckpointError
 from switchyard_quant.checkpoints.gptq import load_gptq
 from switchyard_quant.checkpoints.lowp import load_lowp
 
-from tests.quant.methods import method
 from tests.support.gptq_layout import LAYER, gptq_config, pack_rows, quantized_folder
+from tests.support.quant_methods import method
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 

@@ -15,7 +15,7 @@ import threading
 
 import httpx
 
-from tests.conftest import LiveServer
+from tests.support.live_server import LiveServer
 from tests.support.waiting import eventually
 
 MAX_NEW = 480

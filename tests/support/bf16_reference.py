@@ -1,7 +1,7 @@
 """A transformers model as the Xeon engine runs it in bf16: bf16 matmuls and a bf16 KV cache.
 
 :func:`with_bf16_matmuls` copies an fp32 model with every linear a bf16 matmul
-(or, given a quantization method, :class:`~tests.xeon.quantized_reference.QuantizedMatmul`)
+(or, given a quantization method, :class:`~tests.support.quantized_reference.QuantizedMatmul`)
 and attention over keys and values rounded to bf16; :func:`bf16_kv_sdpa` is that
 attention, registered under the name ``bf16_kv_sdpa`` for other references to use.
 """
@@ -14,7 +14,7 @@ import torch
 
 from switchyard_spec import QuantizationMethod
 
-from tests.xeon.quantized_reference import QuantizedMatmul
+from tests.support.quantized_reference import QuantizedMatmul
 
 
 class Bf16Matmul(torch.nn.Module):
@@ -51,7 +51,7 @@ def with_bf16_matmuls(model: torch.nn.Module,
     """A copy of fp32 ``model`` as the engine runs ``--dtype bfloat16`` on bf16 dot panels.
 
     Every linear is a bf16 matmul (over the weights ``quantization`` gives,
-    ``--quantize``: :class:`~tests.xeon.quantized_reference.QuantizedMatmul`)
+    ``--quantize``: :class:`~tests.support.quantized_reference.QuantizedMatmul`)
     and attention reads keys and values rounded to bf16 (the cache); the
     embedding, norms and the rest stay fp32.
     """

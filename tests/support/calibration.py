@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.quant.methods import method
+from tests.support.quant_methods import method
 
 
 def calibration_prompts(name: str, path, options: dict[str, str] | None = None

@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from tests.quant.methods import method
+from tests.support.quant_methods import method
 
 
 def with_dequantized_weights(model: torch.nn.Module, name: str) -> torch.nn.Module:

@@ -15,7 +15,8 @@ from switchyard.plugins import PluginHost
 from switchyard_spec import EngineConfig
 from switchyard_xeon.engine import XeonEngine
 
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.support.engine_requests import Collector, greedy_request, token_ids
+from tests.support.xeon_options import TEST_OPTIONS
 
 
 def started_as_served(folder: Path, dtype: str, quantize: str | None = "detect",

@@ -80,9 +80,9 @@ def served_with_the_tokens_of_its_weights(gptq_folder: Path) -> None:
     from switchyard_xeon.engine import XeonEngine
     from switchyard_xeon.kernels import load_kernels
 
-    from tests.quant.methods import method
+    from tests.support.quant_methods import method
     from tests.support.xeon_engines import engine_tokens
-    from tests.xeon.conftest import TEST_OPTIONS
+    from tests.support.xeon_options import TEST_OPTIONS
 
     name = PluginHost.from_entry_points().detect_quantization(None, gptq_folder)
     assert name == "gptq"

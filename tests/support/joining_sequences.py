@@ -14,7 +14,7 @@ import torch
 
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
-from tests.xeon.conftest import Collector, token_ids
+from tests.support.engine_requests import Collector, token_ids
 
 TOP_N = 2
 LOGPROB_TOL = 1e-4

@@ -15,7 +15,8 @@ from pathlib import Path
 from switchyard_spec import EngineConfig
 from switchyard_xeon.engine import XeonEngine
 
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.support.engine_requests import Collector, greedy_request, token_ids
+from tests.support.xeon_options import TEST_OPTIONS
 
 
 def started_engine(folder: Path, dtype: str = "float32", **options: str) -> XeonEngine:

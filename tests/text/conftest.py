@@ -21,14 +21,14 @@ from transformers import PreTrainedTokenizerFast
 
 from switchyard.text import TextTokenizer, load_tokenizer
 
+from tests.support.chatml_tokens import ENDOFTEXT, IM_END, SPECIAL_TOKENS
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ENDOFTEXT, IM_START, IM_END = 0, 1, 2
 
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog. Hello there, hello again.\n",

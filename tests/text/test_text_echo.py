@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from switchyard.text import TextTokenizer, load_tokenizer
 from switchyard.text.echo import EchoedPrompt, echo_from_ids, echo_from_offsets
 
-from .conftest import ENDOFTEXT
+from tests.support.chatml_tokens import ENDOFTEXT
 
 
 def _assert_indexes(echo: EchoedPrompt, count: int) -> None:

@@ -24,10 +24,10 @@ from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.runner import ModelRunner
 
-from tests.e2e.family_models import build_model
+from tests.support.engine_requests import Collector, greedy_request, token_ids
+from tests.support.family_models import build_model
 from tests.support.greedy import transformers_greedy
 from tests.support.xeon_engines import engine_tokens, started_engine
-from tests.xeon.conftest import Collector, greedy_request, token_ids
 
 SLOPES6 = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.7, 0.03])
 
@@ -276,7 +276,7 @@ def _model(name: str) -> torch.nn.Module:
                           **ids)
         cfg.attn_config.clip_qkv = 0.5
         return T.MptForCausalLM(cfg)
-    return build_model(name)  # tests/e2e/family_models.py's bloom, mpt, gemma2
+    return build_model(name)  # tests/support/family_models.py's bloom, mpt, gemma2
 
 
 MODELS = ["bloom", "mpt", "gemma2", "falcon_alibi", "falcon_alibi_mha", "falcon_alibi_gqa",

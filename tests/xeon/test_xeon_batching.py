@@ -6,7 +6,7 @@ import threading
 
 from switchyard_spec import FinishReason
 
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 
 
 def _record_batches(engine, gate: threading.Event | None = None,

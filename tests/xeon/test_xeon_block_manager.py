@@ -189,7 +189,7 @@ def test_sequence_block_keys_name_the_images_they_cover():
     covers one of them names the image's hash and place."""
     from switchyard_spec import ImageInput
     from switchyard_xeon.sequence import image_block_key
-    from tests.xeon.sched_sim import make_seq
+    from tests.support.scheduler_sim import make_seq
 
     text = make_seq("t", 12)
     assert text.block_keys(BS) is None

@@ -23,11 +23,12 @@ from switchyard_quant.checkpoints.writer import write_gptq
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 
-from tests.quant.methods import method
+from tests.support.engine_requests import Collector, greedy_request, token_ids
 from tests.support.gptq_layout import unpack_words
 from tests.support.gptq_reference import NEW, PROMPTS, gptq_bf16_reference, gptq_fp32_reference
 from tests.support.greedy import assert_greedy_near
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.support.quant_methods import method
+from tests.support.xeon_options import TEST_OPTIONS
 
 
 @pytest.fixture(scope="module")

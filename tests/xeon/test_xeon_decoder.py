@@ -25,12 +25,12 @@ from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.linears import pack_linears
 from switchyard_xeon.machine import read_cpu_info
 
-from tests import kernel_paths
+from tests.support import kernel_paths
 from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.greedy import assert_greedy_near, transformers_greedy
 from tests.support.tiny_models import SMALL, llama, qwen2
 from tests.support.xeon_engines import engine_tokens, started_engine
-from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
 
 @pytest.fixture(scope="module")

@@ -29,11 +29,12 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.fallback import FallbackRunner
 from switchyard_xeon.runner import ModelRunner
 
+from tests.support.engine_requests import Collector, greedy_request, token_ids
 from tests.support.greedy import transformers_greedy
 from tests.support.tiny_models import IDS, LAYERS, MIXED_PROMPTS, saved_fallback_family
 from tests.support.waiting import eventually
 from tests.support.xeon_engines import engine_tokens, started_engine, started_with_log
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.support.xeon_options import TEST_OPTIONS
 
 PATHS = {
     "bloom": "paged", "mpt": "paged", "stablelm": "fallback", "gemma2": "paged",

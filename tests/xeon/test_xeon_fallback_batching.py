@@ -32,6 +32,7 @@ from switchyard_xeon import fallback, padded_cache
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.fallback import FallbackRunner
 
+from tests.support.engine_requests import token_ids
 from tests.support.greedy import transformers_greedy
 from tests.support.joining_sequences import (
     LOGPROB_TOL,
@@ -41,7 +42,6 @@ from tests.support.joining_sequences import (
 )
 from tests.support.tiny_models import IDS, LAYERS, fallback_family, saved_fallback_family
 from tests.support.xeon_engines import started_with_log
-from tests.xeon.conftest import token_ids
 
 HEADS, DIM = 2, 3
 

@@ -24,10 +24,10 @@ from switchyard_xeon.linears import (
     pack_linears,
 )
 
-from tests import kernel_paths
+from tests.support import kernel_paths
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.paged_cases import random_paged_case
 from tests.support.tiny_models import tiny_llama
-from tests.xeon.conftest import Collector, greedy_request, prompt_of, token_ids
 
 
 def naive_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

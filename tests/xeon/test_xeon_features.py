@@ -7,7 +7,7 @@ import torch
 
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 
 HASH_KEY = 15485863  # TGI's watermark hash key, restated here to check the engine independently
 

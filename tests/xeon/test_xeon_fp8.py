@@ -27,13 +27,13 @@ from switchyard_spec import FP8_E4M3_PER_TENSOR, EngineConfig, EngineStartError
 from switchyard_xeon import fp8_linears
 from switchyard_xeon.engine import XeonEngine
 
-from tests import kernel_paths
-from tests.quant.methods import method
+from tests.support import kernel_paths
 from tests.support.calibration import calibration_prompts
 from tests.support.fp8_reference import Fp8Reference, fp8_twin
 from tests.support.greedy import assert_greedy_near
+from tests.support.quant_methods import method
 from tests.support.xeon_engines import engine_tokens
-from tests.xeon.conftest import TEST_OPTIONS
+from tests.support.xeon_options import TEST_OPTIONS
 
 FP8 = method("fp8")
 
@@ -185,7 +185,7 @@ def test_calibration_runs_once_and_bad_inputs_stop_start_up(default_model_path, 
 
 
 def test_a_vision_language_model_is_refused(default_model_path, model_cache, tmp_path):
-    from tests.e2e.vlm_model import ensure_vlm
+    from tests.support.vlm_model import ensure_vlm
 
     folder = ensure_vlm("llava_next", default_model_path, model_cache)
     with pytest.raises(EngineStartError, match="--quantize fp8 is not supported for .*vision"):

@@ -1,7 +1,7 @@
 """A GGUF file's Q4_0 linears on the Xeon engine, as the file stores them (``--quantize gguf``).
 
 The model is the default one (SmolLM2-135M-Instruct) with its linears
-re-encoded in Q4_0 (``tests/gguf_files.py``), converted by the gateway:
+re-encoded in Q4_0 (``tests/support/gguf_files.py``), converted by the gateway:
 its 210 layer linears load from their GGUF blocks as ``uint4-group32-asym``
 (exactly the folder's float32 weights: ``tests/quant/test_gguf_blocks.py``)
 and the LM head (the Q8_0 embedding, tied) stays float. What the engine
@@ -41,9 +41,9 @@ from switchyard.models.gguf import ensure_gguf_model
 from switchyard_xeon import isa, machine
 from switchyard_xeon.kernels import load_kernels
 
-from tests.gguf_files import smollm2_q4_0, tiny_llama_gguf
 from tests.support.bf16_reference import with_bf16_matmuls
 from tests.support.gguf_engines import greedy_tokens, started_as_served, weights_line
+from tests.support.gguf_files import smollm2_q4_0, tiny_llama_gguf
 from tests.support.gptq_reference import ExactMatmul
 from tests.support.greedy import assert_greedy_near
 

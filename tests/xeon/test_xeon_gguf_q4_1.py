@@ -181,7 +181,7 @@ def test_blocks_the_panels_cannot_run_here_are_served_dequantized(q4_1_folder, c
     from switchyard_spec import EngineConfig, EngineStartError
     from switchyard_xeon.assembly import serve_gguf_blocks
 
-    from tests.quant.methods import method
+    from tests.support.quant_methods import method
 
     flags = frozenset({"avx2", "fma"})
     stock = {"linears": "stock"}

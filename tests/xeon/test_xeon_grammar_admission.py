@@ -12,7 +12,7 @@ from switchyard_spec import (
     StoppingParams,
 )
 
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 
 PATTERN = r"[a-c]{3}"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+from tests.support.engine_requests import Collector, greedy_request, prompt_of
 from tests.support.waiting import eventually
-
-from .conftest import Collector, greedy_request, prompt_of
 
 
 def _break_forward(engine) -> dict[str, bool]:

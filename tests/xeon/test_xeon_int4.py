@@ -28,10 +28,10 @@ from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.linears import PanelLinear, pack_linears
 from switchyard_xeon.quantized import pack_quantized, reference_weight, uint4_words
 
-from tests import kernel_paths
-from tests.quant.methods import method
+from tests.support import kernel_paths
+from tests.support.quant_methods import method
 from tests.support.tiny_models import tiny_llama
-from tests.xeon.conftest import TEST_OPTIONS
+from tests.support.xeon_options import TEST_OPTIONS
 
 INT4 = {g: method(name) for g, name in ((32, "int4-g32"), (64, "int4-g64"), (128, "int4"))}
 

@@ -1,7 +1,7 @@
 """``--quantize int8`` on the Xeon engine: the int8 dot-product panels, and how the engine takes it.
 
 The quantizer is switchyard-quant's (its tests: ``tests/quant``); the engine
-gets it as the gateway hands it over (``tests/quant/methods.py``). Greedy
+gets it as the gateway hands it over (``tests/support/quant_methods.py``). Greedy
 parity of whole models with int8 weights (four families, three forward
 passes) is in ``test_xeon_quantized_parity.py``.
 """
@@ -18,10 +18,10 @@ from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.linears import PanelLinear, pack_linears
 
-from tests import kernel_paths
-from tests.quant.methods import method
+from tests.support import kernel_paths
+from tests.support.quant_methods import method
 from tests.support.tiny_models import tiny_llama
-from tests.xeon.conftest import TEST_OPTIONS
+from tests.support.xeon_options import TEST_OPTIONS
 
 INT8 = method("int8")
 

@@ -10,7 +10,7 @@ from switchyard_spec import EngineConfig, EngineStartError, FinishReason
 from switchyard_xeon.admission import IGNORE_EOS_ENV
 from switchyard_xeon.engine import XeonEngine
 
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 
 # Greedy decoding of this prompt on the default model emits EOS (<|im_end|>, id 2) first.
 EOS_ID = 2

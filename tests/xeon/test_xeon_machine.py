@@ -18,7 +18,7 @@ from switchyard_xeon import machine
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.ipex_support import IPEX_MODULE, detect_acceleration
 
-from .conftest import TEST_OPTIONS
+from tests.support.xeon_options import TEST_OPTIONS
 
 # --------------------------------------------------------------- cpulist
 

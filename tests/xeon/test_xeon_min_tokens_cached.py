@@ -24,7 +24,8 @@ from switchyard_spec import (
     TokenEvent,
 )
 
-from .conftest import Collector, greedy_request, hf_min_new_tokens, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.greedy import hf_min_new_tokens
 
 EOS_BIAS = 5.0
 """Enough for greedy decoding of ``PROMPT`` to choose EOS within a few tokens, not at once
@@ -196,7 +197,7 @@ def test_both_fields_cross_the_engine_process(default_model_path, eos):
     from switchyard.engine_process import EngineProcess
     from switchyard_spec import EngineConfig
 
-    from .conftest import TEST_OPTIONS
+    from tests.support.xeon_options import TEST_OPTIONS
 
     engine = EngineProcess("xeon", EngineConfig(
         model_path=str(default_model_path), dtype="float32",

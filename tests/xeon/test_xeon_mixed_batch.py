@@ -6,7 +6,7 @@ import threading
 
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
-from .conftest import Collector, prompt_of, token_ids
+from tests.support.engine_requests import Collector, prompt_of, token_ids
 
 MEMBERS: dict[str, SamplingParams] = {
     "greedy": SamplingParams(),

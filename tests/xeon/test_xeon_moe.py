@@ -31,13 +31,13 @@ from switchyard_spec import FinishReason
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.moe import GroupedExperts, group_experts, layout_unsupported
 
-from tests import kernel_paths
+from tests.support import kernel_paths
 from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.engine_requests import token_ids
 from tests.support.greedy import assert_greedy_near, transformers_greedy
 from tests.support.joining_sequences import check_against_alone, join_and_leave
 from tests.support.tiny_models import IDS, LAYERS, MIXED_PROMPTS
 from tests.support.xeon_engines import engine_tokens, started_engine, started_with_log
-from tests.xeon.conftest import token_ids
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen2_moe_norm")
 

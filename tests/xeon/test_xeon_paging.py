@@ -9,9 +9,8 @@ import torch
 
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.waiting import eventually
-
-from .conftest import Collector, greedy_request, prompt_of, token_ids
 
 TINY_BLOCKS = {"block_size": "4"}
 

@@ -16,7 +16,7 @@ from switchyard_xeon.attention import StepMetadata, attend_packed
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
 
-from tests import kernel_paths
+from tests.support import kernel_paths
 from tests.support.paged_cases import random_paged_case
 
 

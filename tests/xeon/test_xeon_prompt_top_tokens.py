@@ -11,7 +11,7 @@ import torch
 from switchyard_engine.logprobs import prompt_scores, token_logprobs
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
-from .conftest import Collector, prompt_of
+from tests.support.engine_requests import Collector, prompt_of
 
 
 def _asking(rid: str, prompt: list[int], top_n: int) -> EngineRequest:

@@ -23,14 +23,15 @@ from switchyard_spec import (
 )
 from switchyard_xeon.engine import XeonEngine
 
-from tests import kernel_paths
-from tests.quant.methods import method
+from tests.support import kernel_paths
 from tests.support.dequantized_reference import with_dequantized_weights
+from tests.support.engine_requests import prompt_of
 from tests.support.gptq_reference import NEW, PROMPTS, gptq_fp32_reference
 from tests.support.greedy import assert_greedy_near
+from tests.support.quant_methods import method
 from tests.support.tiny_models import tiny_llama
 from tests.support.xeon_engines import engine_tokens
-from tests.xeon.conftest import TEST_OPTIONS, prompt_of
+from tests.support.xeon_options import TEST_OPTIONS
 
 FORMATS = {"int8": INT8_PER_CHANNEL, "int4-g32": uint4_group_asym(32),
            "int4-g64": uint4_group_asym(64), "int4-g128": uint4_group_asym(128),

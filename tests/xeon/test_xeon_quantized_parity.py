@@ -18,14 +18,15 @@ import torch
 from switchyard_spec import EngineConfig
 from switchyard_xeon.engine import XeonEngine
 
-from tests import kernel_paths
-from tests.quant.methods import method
+from tests.support import kernel_paths
 from tests.support.bf16_reference import with_bf16_matmuls
+from tests.support.engine_requests import prompt_of
 from tests.support.greedy import assert_greedy_near
+from tests.support.quant_methods import method
+from tests.support.quantized_reference import QuantizedMatmul
 from tests.support.tiny_models import tiny_llama
 from tests.support.xeon_engines import engine_tokens
-from tests.xeon.conftest import TEST_OPTIONS, prompt_of
-from tests.xeon.quantized_reference import QuantizedMatmul
+from tests.support.xeon_options import TEST_OPTIONS
 
 @pytest.mark.parametrize("name", ["int8", "int4", "int4-g32"])
 def test_reference_is_the_dequantized_matmul(name):

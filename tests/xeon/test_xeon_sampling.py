@@ -9,9 +9,8 @@ import pytest
 import torch
 from switchyard_spec import EngineRequest, SamplingParams, StoppingParams
 
-from tests.engine.tgi_watermark import Z_THRESHOLD, TgiWatermark, z_score
-
-from .conftest import Collector, greedy_request, prompt_of, token_ids
+from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
+from tests.support.tgi_watermark import Z_THRESHOLD, TgiWatermark, z_score
 
 SAMPLED = SamplingParams(do_sample=True, temperature=1.3, top_k=50, top_p=0.95, seed=4242,
                          repetition_penalty=1.1, top_n_tokens=3)
@@ -90,7 +89,7 @@ def _run(engine, request: EngineRequest) -> list[int]:
 
 def test_watermarked_greedy_is_generate_with_tgis_processor(shared_engine, reference_model):
     """Greedy with ``watermark``: the tokens of transformers' ``generate`` with TGI's watermark
-    processor (tests/engine/tgi_watermark.py) ahead of the argmax, with gamma and delta from
+    processor (tests/support/tgi_watermark.py) ahead of the argmax, with gamma and delta from
     the environment as TGI reads them (its defaults, 0.5 and 2.0, when unset)."""
     from transformers import LogitsProcessorList
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .sched_sim import make_scheduler, make_seq, run_to_end, step
+from tests.support.scheduler_sim import make_scheduler, make_seq, run_to_end, step
 
 
 def test_batch_size_caps_the_running_set():

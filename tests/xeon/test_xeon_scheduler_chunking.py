@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .sched_sim import expected_tokens, make_scheduler, make_seq, run_to_end, step
+from tests.support.scheduler_sim import expected_tokens, make_scheduler, make_seq, run_to_end, step
 
 
 def test_a_long_prompt_is_chunked_while_decodes_run_every_step():

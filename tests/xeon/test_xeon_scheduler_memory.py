@@ -11,7 +11,7 @@ from __future__ import annotations
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.scheduler import Limits, Scheduler
 
-from .sched_sim import make_seq, step
+from tests.support.scheduler_sim import make_seq, step
 
 BUDGET_TOKENS = 16_384
 """--max-batch-total-tokens"""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from .sched_sim import expected_tokens, make_scheduler, make_seq, run_to_end, step
+from tests.support.scheduler_sim import expected_tokens, make_scheduler, make_seq, run_to_end, step
 
 
 def _step_until_preemption(sched, limit: int = 200) -> None:

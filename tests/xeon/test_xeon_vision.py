@@ -28,9 +28,10 @@ from switchyard_spec import (
 from switchyard_xeon.engine import XeonEngine
 from switchyard_xeon.vision import PagedVisionRunner, VisionRunner
 
-from tests.e2e.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
+from tests.support.engine_requests import Collector, greedy_request, token_ids
+from tests.support.vlm_model import IMAGE_TOKEN, png, reference_greedy, vlm_folder
 from tests.support.waiting import eventually
-from tests.xeon.conftest import TEST_OPTIONS, Collector, greedy_request, token_ids
+from tests.support.xeon_options import TEST_OPTIONS
 
 TEXT = "What is in ![](http://h/picture.png) this picture?"
 MAX_NEW = 10

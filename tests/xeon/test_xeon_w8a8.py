@@ -23,14 +23,14 @@ import torch
 from switchyard_spec import EngineConfig, EngineStartError
 from switchyard_xeon.engine import XeonEngine
 
-from tests import kernel_paths
-from tests.kernel_paths import W8A8_PATH_NUMBERS
-from tests.quant.methods import method
+from tests.support import kernel_paths
 from tests.support.calibration import calibration_prompts
 from tests.support.greedy import assert_greedy_near
+from tests.support.kernel_paths import W8A8_PATH_NUMBERS
+from tests.support.quant_methods import method
 from tests.support.w8a8_reference import quantize_rows, smoothquant_twin
 from tests.support.xeon_engines import engine_tokens
-from tests.xeon.conftest import TEST_OPTIONS
+from tests.support.xeon_options import TEST_OPTIONS
 
 SQ = method("smoothquant")
 
