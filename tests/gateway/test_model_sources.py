@@ -155,10 +155,11 @@ def test_a_second_preparer_waits_says_for_what_and_finds_the_folder(tmp_path, ca
 def test_a_lock_held_too_long_is_an_error_naming_it_and_a_dead_holder_frees_it(tmp_path,
                                                                               caplog):
     lock = tmp_path / ".model.lock"
-    # The holder keeps the lock (its sleep) until the test kills it: what is exercised.
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
+         # The holder's sleep keeps the lock held until the test kills it: what is exercised.
+         "time.sleep(60)", str(lock)],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
