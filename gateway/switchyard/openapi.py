@@ -33,6 +33,8 @@ from litestar.plugins import OpenAPISchemaPlugin
 
 from switchyard import __version__
 from switchyard.protocol import openai as oai
+from switchyard.protocol import responses as rs
+from switchyard.protocol import responses_events as rs_events
 from switchyard.protocol import tgi
 
 if TYPE_CHECKING:
@@ -231,6 +233,29 @@ INVOCATIONS = documented(
     stream_description="Server-sent events of the route the body belongs to",
     errors=OPENAI_GENERATION_ERRORS,
 )
+
+RESPONSES_CREATE = documented(
+    "openai", ok=rs.Response, ok_description="The response (`queued` for a background one)",
+    stream=rs_events.Event, errors=OPENAI_GENERATION_ERRORS,
+    stream_description="Server-sent events, `event: <type>` and `data: <event>` each, "
+                       "numbered by `sequence_number`, ended by `response.completed`, "
+                       "`response.incomplete` or `response.failed` (no `[DONE]`)")
+RESPONSES_STORED = documented(
+    "openai", ok=rs.Response, ok_description="The stored response",
+    stream=rs_events.Event, errors=(400, 401, 404),
+    stream_description="With `stream=true`: the kept events after `starting_after`, then "
+                       "each new one while the response runs")
+
+RESPONSES_CANCEL = documented("openai", ok=rs.Response, ok_description="The response, "
+                              "`cancelled` unless it had finished", errors=(400, 401, 404))
+RESPONSES_DELETE = documented("openai", ok=rs.DeletedResponse, ok_description="Deleted",
+                              errors=(400, 401, 404))
+RESPONSES_INPUT_ITEMS = documented("openai", ok=rs.InputItemList,
+                                   ok_description="A page of input items",
+                                   errors=(400, 401, 404))
+RESPONSES_INPUT_TOKENS = documented("openai", ok=rs.InputTokens,
+                                    ok_description="The prompt's token count",
+                                    errors=(400, 401, 404, 413, 503))
 
 
 class StructDescriptions(OpenAPISchemaPlugin):

@@ -47,7 +47,7 @@ class Reasoning(msgspec.Struct, kw_only=True):
     generate_summary: str | None = None
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
+class ResponseStreamOptions(msgspec.Struct, kw_only=True):
     """`stream_options` (accepted: events carry no obfuscation padding)."""
 
     include_obfuscation: bool | None = None
@@ -92,7 +92,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         description="Answer `queued` at once and generate in the background (needs store).")
     ] = None
     stream: Annotated[bool | None, Meta(description="Answer with server-sent events.")] = None
-    stream_options: Annotated[StreamOptions | None, Meta(description=_UNUSED)] = None
+    stream_options: Annotated[ResponseStreamOptions | None, Meta(description=_UNUSED)] = None
     metadata: Annotated[dict[str, str] | None, Meta(
         description="Up to 16 string pairs, echoed and stored.")] = None
     truncation: Annotated[str | None, Meta(
@@ -239,7 +239,7 @@ class OutputTokensDetails(msgspec.Struct, kw_only=True):
     reasoning_tokens: int = 0
 
 
-class Usage(msgspec.Struct, kw_only=True):
+class ResponseUsage(msgspec.Struct, kw_only=True):
     """A response's token counts."""
 
     input_tokens: int
@@ -272,7 +272,7 @@ class Response(msgspec.Struct, kw_only=True):
     status: ResponseStatus
     output: list[Item] = msgspec.field(default_factory=list)
     object: str = "response"
-    usage: Usage | None = None
+    usage: ResponseUsage | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     completed_at: int | None = None

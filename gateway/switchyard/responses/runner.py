@@ -39,8 +39,8 @@ def snapshot(response: rs.Response) -> rs.Response:
     return msgspec.structs.replace(response, output=list(response.output))
 
 
-def _usage(finished: Finished) -> rs.Usage:
-    return rs.Usage(
+def _usage(finished: Finished) -> rs.ResponseUsage:
+    return rs.ResponseUsage(
         input_tokens=finished.prompt_tokens, output_tokens=finished.generated_tokens,
         total_tokens=finished.prompt_tokens + finished.generated_tokens,
         input_tokens_details=rs.InputTokensDetails(cached_tokens=finished.cached_tokens))

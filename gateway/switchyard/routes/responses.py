@@ -17,10 +17,10 @@ from typing import Any
 
 from litestar import Request, Response, delete, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Stream
 
-from switchyard.errors import ApiError
+from switchyard import openapi
 from switchyard.models.served import ServedModel
 from switchyard.openai_mapping.plans import invalid
 from switchyard.protocol import responses as rs
@@ -163,14 +163,14 @@ async def create(gw: Gateway, data: rs.ResponsesRequest, raw: bytes) -> Response
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses: create", tags=["OpenAI"],
-      guards=[require_api_key, require_json])
+      guards=[require_api_key, require_json], **openapi.RESPONSES_CREATE)
 async def create_response(gw: NamedDependency[Gateway], data: JSONBody[rs.ResponsesRequest],
                           request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     """Generate a response, as JSON, as server-sent events, or in the background."""
     return await unless_client_leaves(request, create(gw, data, await request.body()))
 
 
-def _stored(gw: Gateway, response_id: str) -> StoredResponse:
+def _stored(gw: Gateway, response_id: FromPath[str]) -> StoredResponse:
     record = gw.responses.store.get(response_id)
     if record is None:
         raise not_found(response_id)
@@ -178,10 +178,11 @@ def _stored(gw: Gateway, response_id: str) -> StoredResponse:
 
 
 @get("/v1/responses/{response_id:str}", summary="OpenAI Responses: retrieve", tags=["OpenAI"],
-     guards=[require_api_key])
-async def retrieve_response(gw: NamedDependency[Gateway], response_id: str,
-                            stream: bool = False, starting_after: int | None = None,
-                            include: list[str] | None = None) -> Response[Any] | Stream:
+     guards=[require_api_key], **openapi.RESPONSES_STORED)
+async def retrieve_response(gw: NamedDependency[Gateway], response_id: FromPath[str],
+                            stream: FromQuery[bool] = False,
+                            starting_after: FromQuery[int | None] = None,
+                            include: FromQuery[list[str] | None] = None) -> Response[Any] | Stream:
     """A stored response; with `stream=true`, its events replayed (after `starting_after`)
     and, while it runs, followed to the end."""
     wants_logprobs(include)
@@ -212,8 +213,9 @@ async def _cancel_task(live: LiveResponse | None) -> None:
 
 
 @post("/v1/responses/{response_id:str}/cancel", status_code=200,
-      summary="OpenAI Responses: cancel", tags=["OpenAI"], guards=[require_api_key])
-async def cancel_response(gw: NamedDependency[Gateway], response_id: str) -> rs.Response:
+      summary="OpenAI Responses: cancel", tags=["OpenAI"], guards=[require_api_key],
+      **openapi.RESPONSES_CANCEL)
+async def cancel_response(gw: NamedDependency[Gateway], response_id: FromPath[str]) -> rs.Response:
     """Stop a background response; it ends `cancelled` (a finished one is left as it is)."""
     record = _stored(gw, response_id)
     if not record.response.background:
@@ -226,8 +228,9 @@ async def cancel_response(gw: NamedDependency[Gateway], response_id: str) -> rs.
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200,
-        summary="OpenAI Responses: delete", tags=["OpenAI"], guards=[require_api_key])
-async def delete_response(gw: NamedDependency[Gateway], response_id: str) -> rs.DeletedResponse:
+        summary="OpenAI Responses: delete", tags=["OpenAI"], guards=[require_api_key],
+        **openapi.RESPONSES_DELETE)
+async def delete_response(gw: NamedDependency[Gateway], response_id: FromPath[str]) -> rs.DeletedResponse:
     """Forget a stored response (a running one is cancelled first)."""
     _stored(gw, response_id)
     await _cancel_task(gw.responses.live(response_id))
@@ -236,10 +239,11 @@ async def delete_response(gw: NamedDependency[Gateway], response_id: str) -> rs.
 
 
 @get("/v1/responses/{response_id:str}/input_items", summary="OpenAI Responses: input items",
-     tags=["OpenAI"], guards=[require_api_key])
-async def list_input_items(gw: NamedDependency[Gateway], response_id: str,
-                           after: str | None = None, limit: int = 20, order: str = "desc",
-                           include: list[str] | None = None) -> rs.InputItemList:
+     tags=["OpenAI"], guards=[require_api_key], **openapi.RESPONSES_INPUT_ITEMS)
+async def list_input_items(gw: NamedDependency[Gateway], response_id: FromPath[str],
+                           after: FromQuery[str | None] = None, limit: FromQuery[int] = 20,
+                           order: FromQuery[str] = "desc",
+                           include: FromQuery[list[str] | None] = None) -> rs.InputItemList:
     """One page of the items the request sent as `input` (newest first by default)."""
     wants_logprobs(include)
     if not 1 <= limit <= 100:
@@ -264,7 +268,8 @@ async def list_input_items(gw: NamedDependency[Gateway], response_id: str,
 
 
 @post("/v1/responses/input_tokens", status_code=200, summary="OpenAI Responses: count input "
-      "tokens", tags=["OpenAI"], guards=[require_api_key, require_json])
+      "tokens", tags=["OpenAI"], guards=[require_api_key, require_json],
+      **openapi.RESPONSES_INPUT_TOKENS)
 async def count_input_tokens(gw: NamedDependency[Gateway],
                              data: JSONBody[rs.InputTokensRequest]) -> rs.InputTokens:
     """The prompt tokens a `POST /v1/responses` with these fields would have."""
