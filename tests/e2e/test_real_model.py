@@ -25,6 +25,7 @@ text equal to the text of the same request unstreamed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,6 +248,61 @@ def test_streamed_text_is_the_unstreamed_text(client, real_server):
     streamed = "".join(event.token.text for event in tgi.generate_stream(
         text, max_new_tokens=16) if not event.token.special)
     assert streamed == tgi.generate(text, max_new_tokens=16).generated_text
+
+
+def test_the_responses_route_answers_as_chat_does(client):
+    r = client.responses.create(model=NAME, input=CAPITAL[0]["content"], temperature=0,
+                                max_output_tokens=MAX_TOKENS)
+    chat = client.chat.completions.create(model=NAME, messages=CAPITAL, temperature=0,
+                                          max_tokens=MAX_TOKENS)
+    assert r.status == "completed" and "Paris" in r.output_text
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_an_agents_sdk_agent_calls_its_tool_and_answers_through_responses(real_server):
+    """The OpenAI Agents SDK's default model (Responses, streamed) end to end: a forced
+    call to the one function tool, run by the SDK with parsed arguments, then a second
+    agent that reads the call and its output back from the SDK's own items."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"It is sunny in {city}."
+
+    model = agents.OpenAIResponsesModel(model=NAME, openai_client=AsyncOpenAI(
+        base_url=f"{real_server.url}/v1", api_key="unused", timeout=120, max_retries=0))
+    settings = agents.ModelSettings(max_tokens=60, temperature=0)
+    caller = agents.Agent(
+        name="weather", instructions="Answer briefly.", tools=[get_weather], model=model,
+        tool_use_behavior="stop_on_first_tool",
+        model_settings=settings.resolve(agents.ModelSettings(tool_choice="required",
+                                                             parallel_tool_calls=False)))
+    writer = agents.Agent(name="writer", instructions="Answer briefly.", model=model,
+                          model_settings=settings)
+
+    async def run() -> tuple[agents.RunResult, agents.RunResult, agents.RunResult]:
+        first = await agents.Runner.run(caller, "What is the weather in Rome?", max_turns=2)
+        follow = "So, what is the weather in Rome?"
+        resent = await agents.Runner.run(
+            writer, [*first.to_input_list(), {"role": "user", "content": follow}])
+        chained = await agents.Runner.run(writer, follow,
+                                          previous_response_id=first.last_response_id)
+        return first, resent, chained
+
+    first, resent, chained = asyncio.run(run())
+    assert cities == ["Rome"]
+    assert first.final_output == "It is sunny in Rome."
+    kinds = [type(item).__name__ for item in first.new_items]
+    assert kinds == ["ToolCallItem", "ToolCallOutputItem"]
+    for answer in (resent, chained):
+        assert isinstance(answer.final_output, str) and answer.final_output.strip()
 
 
 def test_without_pypi_the_cli_says_how_to_serve_another_model(tmp_path):

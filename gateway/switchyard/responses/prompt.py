@@ -126,6 +126,9 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.
     if logprobs and tools and choice != "none":
         raise invalid("Output text logprobs are not served together with function tools: "
                       "the tokens of a call are not output text.", "include")
+    if not tools and choice not in ("auto", "none"):
+        raise invalid("Invalid value for 'tool_choice': 'tool_choice' is only allowed when "
+                      "'tools' are specified.", "tool_choice")
     calls = req.parallel_tool_calls
     if req.max_tool_calls is not None:
         if req.max_tool_calls < 1:
