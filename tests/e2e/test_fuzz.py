@@ -55,11 +55,14 @@ MAX_TOTAL_TOKENS = 40
 """The fuzz server's budget per request; room for a chat template around a short message."""
 MAX_NEW_TOKENS = 3
 N_CHOICES = 2
-_LENGTH_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
+_LENGTH_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens", "max_output_tokens")
 _FAN_OUT_FIELDS = ("n", "best_of")
 
 TGI_ROUTES = ["/generate", "/generate_stream", "/", "/tokenize", "/chat_tokenize"]
-OPENAI_ROUTES = ["/v1/chat/completions", "/v1/completions"]
+OPENAI_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+RESPONSES_ROUTES = ["/v1/responses"]
+"""Streams of typed events (`event:` + `data:`), ended by a terminal event, no `[DONE]`."""
+RESPONSES_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 EITHER_ROUTES = ["/invocations"]
 """Answers in TGI's format for a generate body, in OpenAI's for a chat or completion body."""
 
@@ -153,6 +156,8 @@ def _stream_problem(path: str, text: str) -> str | None:
     events = _sse_data(text)
     if not events:
         return "stream without events"
+    if path in RESPONSES_ROUTES:
+        return _responses_stream_problem(text, events)
     openai_style = events[-1] == "[DONE]"
     if path in OPENAI_ROUTES and not openai_style:
         return "OpenAI stream not ended by [DONE]"
@@ -174,6 +179,29 @@ def _stream_problem(path: str, text: str) -> str | None:
         last = json.loads(payloads[-1])
         if "error" not in last and last.get("generated_text") is None:
             return "TGI stream ended before a final event"
+    return None
+
+
+def _responses_stream_problem(text: str, events: list[str]) -> str | None:
+    """A Responses stream: each `data:` an object whose `type` its `event:` line names,
+    numbered 0, 1, 2, ..., ended by one terminal event."""
+    names = [line[len("event:"):].strip() for line in text.splitlines()
+             if line.startswith("event:")]
+    if len(names) != len(events):
+        return "a Responses event without its `event:` line"
+    for number, (name, raw) in enumerate(zip(names, events, strict=True)):
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError:
+            return f"event is not JSON: {raw[:80]!r}"
+        if not isinstance(event, dict) or event.get("type") != name:
+            return f"event type differs from its `event:` line: {raw[:80]!r}"
+        if event.get("sequence_number") != number:
+            return f"event {number} is numbered {event.get('sequence_number')!r}"
+        if where := _null_logprob(event):
+            return f"a chosen token without a log-probability (NaN/inf): {where}"
+    if names[-1] not in RESPONSES_TERMINAL:
+        return f"Responses stream ended by {names[-1]!r}, not a terminal event"
     return None
 
 
@@ -250,6 +278,8 @@ def bounded(body: Any) -> Any:
     out = dict(body)
     if "messages" in body or "prompt" in body:
         out = _bounded_lengths(out, "max_tokens")
+    elif "input" in body:  # a Responses body
+        out = _bounded_lengths(out, "max_output_tokens")
     if "inputs" in body:
         parameters = body.get("parameters")
         if parameters is None:
@@ -331,6 +361,16 @@ EDGE_CASES: list[tuple[str, dict[str, Any]]] = [
                               "top_logprobs": 2}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 2.0, "top_p": _TINY,
                          "logprobs": 2, "logit_bias": {"5": 100.0}}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "temperature": _TINY,
+                       "top_p": _TINY, "top_logprobs": 2, "stream": True,
+                       "include": ["message.output_text.logprobs"]}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "background": True,
+                       "stream": True}),
+    ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                  "arguments": "{}"},
+                                 {"type": "function_call_output", "call_id": "c", "output": ""}],
+                       "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
+                       "max_output_tokens": 3, "stream": True}),
 ]
 
 
