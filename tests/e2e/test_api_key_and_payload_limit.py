@@ -24,6 +24,8 @@ GUARDED = [
     ("/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 1}}),
     ("/v1/chat/completions", CHAT),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 1}),
+    ("/v1/responses/input_tokens", {"input": "hi"}),
     ("/invocations", {"inputs": "hi", "parameters": {"max_new_tokens": 1}}),
     ("/tokenize", {"inputs": "hi"}),
     ("/chat_tokenize", CHAT),
@@ -62,6 +64,10 @@ def test_real_clients_send_the_key(guarded):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="nope", timeout=60).completions.create(
             model="tgi", prompt="hi", max_tokens=1)
+    done = good.responses.create(model="tgi", input="hi", max_output_tokens=1)
+    assert good.responses.retrieve(done.id).id == done.id
+    with pytest.raises(openai.AuthenticationError):  # a stored response needs the key too
+        openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="nope").responses.retrieve(done.id)
     tgi = Client(guarded.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert tgi.generate("hi", max_new_tokens=2).details.generated_tokens <= 2
     hub = InferenceClient(base_url=guarded.url, api_key=KEY, timeout=60)

@@ -21,6 +21,7 @@ import pytest
 from tests.support.abandoned import (
     CHAT,
     COMPLETION,
+    RESPONSES,
     TGI,
     abandon,
     decode_steps,
@@ -98,6 +99,31 @@ def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
     assert r.status_code == 200
 
 
+def test_a_dropped_responses_stream_leaves_the_batch_and_ends_cancelled(server):
+    """A Responses stream whose client leaves after `response.created` aborts its engine
+    sequence (fewer decode steps than its tokens take) and its stored response reads
+    `cancelled`, with the events sent so far kept for replay."""
+    model = "switchyard/tiny-llama-random"
+    steps = decode_steps(server, model)
+    payload = json.dumps({**RESPONSES, "stream": True}).encode()
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/responses", len(payload)) + payload)
+        received = b""
+        while b"\n\n" not in received.partition(b"data: ")[2]:
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the stream first"
+            received += chunk
+    created = json.loads(received.partition(b"data: ")[2].partition(b"\n")[0])
+    assert created["type"] == "response.created"
+    wait_until_idle(server, model, steps)
+    rid = created["response"]["id"]
+    stored = httpx.get(f"{server.url}/v1/responses/{rid}", timeout=30).json()
+    assert stored["status"] == "cancelled"
+    replay = httpx.get(f"{server.url}/v1/responses/{rid}?stream=true", timeout=30).text
+    assert replay.startswith("event: response.created\n")
+    assert replay.rstrip().splitlines()[-2] == "event: response.failed"
+
+
 # ------------------------------------------- abandoned non-streaming requests
 
 @pytest.mark.parametrize(("path", "body", "count"), [
@@ -106,7 +132,8 @@ def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
     ("/v1/completions", COMPLETION, 8),
     ("/generate", TGI, 4),
     ("/", TGI, 2),
-], ids=["chat", "chat-n4", "completions", "tgi-generate", "tgi-compat"])
+    ("/v1/responses", RESPONSES, 4),
+], ids=["chat", "chat-n4", "completions", "tgi-generate", "tgi-compat", "responses"])
 def test_abandoned_json_requests_leave_the_batch_at_once(server, path, body, count):
     """A client that times out on a non-streamed request frees its batch slots at once
     (after fewer decode steps than its MAX_NEW tokens take), is logged as dropped, never as

@@ -37,6 +37,12 @@ def test_overload_and_disconnect(one_slot_server):
                                 json={"messages": [{"role": "user", "content": "hi"}],
                                       "max_tokens": 2, "stream": True})
         assert oai_stream.status_code == 429
+        for body in ({"input": "hi", "max_output_tokens": 2},
+                     {"input": "hi", "max_output_tokens": 2, "stream": True},
+                     {"input": "hi", "max_output_tokens": 2, "background": True}):
+            responses = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+            assert responses.status_code == 429, (body, responses.text)
+            assert responses.json()["error"]["message"] == "Model is overloaded"
         in_stream = httpx.post(f"{url}/generate_stream", json={"inputs": "hi"}, timeout=30)
         assert '"error_type":"overloaded"' in in_stream.text
 

@@ -190,3 +190,17 @@ def test_input_tokens_count_the_prompt(client):
     r = client.responses.create(model="tgi", input=QUESTION, instructions=SYSTEM,
                                 max_output_tokens=1)
     assert counted.input_tokens == r.usage.input_tokens
+
+
+def _requests(server, key: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(key + "{") or line.startswith(key + " "))
+
+
+def test_responses_requests_are_counted_and_timed_as_generation_requests(client, server):
+    count = _requests(server, "tgi_request_count")
+    tokens = _requests(server, "tgi_request_generated_tokens_sum")
+    client.responses.create(model="tgi", input="count me", max_output_tokens=3)
+    assert _requests(server, "tgi_request_count") == count + 1
+    assert _requests(server, "tgi_request_generated_tokens_sum") == tokens + 3

@@ -25,6 +25,9 @@ CHAT = {"messages": [{"role": "user", "content": "Tell me a long story."}],
 COMPLETION = {"prompt": "Once upon a time", "max_tokens": MAX_NEW, "ignore_eos": True,
               "temperature": 0}
 TGI = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": MAX_NEW}}
+RESPONSES = {"input": "Tell me a long story.", "max_output_tokens": MAX_NEW, "temperature": 0}
+"""Greedy decoding of this input runs to the limit, as TGI's does (the Responses API has no
+`ignore_eos`)."""
 """Greedy decoding of this prompt runs to the limit (TGI has no `ignore_eos`)."""
 _GAUGE = re.compile(r'^tgi_(?:batch_current|queue)_size\{model="(?P<model>[^"]*)"[^}]*\} (\S+)$',
                     re.M)

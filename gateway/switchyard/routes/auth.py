@@ -1,7 +1,8 @@
 """`--api-key`: the generation routes require `Authorization: Bearer <key>`.
 
 As in TGI, only the routes that spend model time are guarded (`POST /`,
-`/generate*`, `/v1/chat/completions`, `/v1/completions`, `/invocations`,
+`/generate*`, `/v1/chat/completions`, `/v1/completions`, `/v1/responses` and its stored
+responses, `/invocations`,
 `/tokenize`, `/chat_tokenize`); health, info, metrics and docs stay open so
 probes and load balancers need no secret. A refusal is a bare 401 with an
 empty body, TGI's answer, in every API.

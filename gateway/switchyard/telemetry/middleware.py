@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 GENERATION_ROUTES = frozenset({
     "/", "/generate", "/generate_stream", "/v1/chat/completions", "/v1/completions",
-    "/invocations",
+    "/invocations", "/v1/responses",
 })
 """The routes that generate (POST): what TGI's request metrics count."""
 
