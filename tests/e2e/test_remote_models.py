@@ -118,6 +118,25 @@ def test_openai_clients_get_the_upstreams_tokens_by_name_and_alias(gateway, serv
         assert text == want_chat.choices[0].message.content
 
 
+def test_responses_requests_reach_a_remote_models_replica(gateway, server):
+    """`POST /v1/responses` for a remote model is the replica's answer, JSON and streamed
+    (its typed events pass through whole), and the replica keeps it in its store."""
+    direct = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", timeout=60)
+    want = direct.responses.create(model="tgi", input="hello", max_output_tokens=8,
+                                   temperature=0).output_text
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", timeout=60)
+    for name in ("far", "oa"):
+        got = client.responses.create(model=name, input="hello", max_output_tokens=8,
+                                      temperature=0)
+        assert got.output_text == want
+        assert direct.responses.retrieve(got.id).output_text == want
+        events = list(client.responses.create(model=name, input="hello", max_output_tokens=8,
+                                              temperature=0, stream=True))
+        assert events[-1].type == "response.incomplete"
+        assert events[-1].response.output_text == want
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 def test_tgi_clients_get_the_upstreams_tokens_through_the_header(gateway, server):
     want = Client(server.url, timeout=60).generate(PROMPT, max_new_tokens=8)
     for name in ("far", "faraway"):

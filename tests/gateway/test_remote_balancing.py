@@ -61,6 +61,11 @@ def test_events_are_cut_whole_and_garbage_is_refused():
     ("tgi", b'data: {"token":{},"generated_text":null}\n\n', False),
     ("tgi", b'data: {"token":{},"generated_text":"abc"}\n\n', True),
     ("tgi", b'data: {"error":"x","error_type":"generation"}\n\n', True),
+    ("responses", b'event: response.output_text.delta\ndata: {}\n\n', False),
+    ("responses", b'event: response.completed\ndata: {}\n\n', True),
+    ("responses", b'event: response.incomplete\r\ndata: {}\r\n\r\n', True),
+    ("responses", b'event: response.failed\ndata: {}\n\n', True),
+    ("responses", b'event: error\ndata: {}\n\n', False),
 ])
 def test_a_stream_ends_as_its_api_ends_it(api, events, ended):
     assert stream_ended(api, events) is ended

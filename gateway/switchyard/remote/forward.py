@@ -37,7 +37,9 @@ from switchyard.telemetry.request import note_error
 
 log = logging.getLogger("switchyard.upstream")
 
-Api = Literal["openai", "tgi"]
+Api = Literal["openai", "tgi", "responses"]
+"""The API a forwarded request speaks: how its stream ends and how an error is written
+(`responses`: OpenAI's Responses API, typed events ended by a terminal one)."""
 STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 """Told to every proxy between here and the client: pass each event on at once."""
 _PASSED_HEADERS = ("x-compute-type", "x-compute-time", "x-compute-characters", "x-total-time",
@@ -135,7 +137,7 @@ async def forward(model: RemoteModel, api: Api, path: str, raw: bytes,
 async def _open(model: RemoteModel, api: Api, path: str, raw: bytes, stream: bool) -> _Opened:
     """The first replica that answers: its response and its body (non-streamed) or first events."""
     document: dict[str, Any] | None = None
-    if api == "openai":
+    if api != "tgi":
         document = msgspec.json.decode(raw)  # valid: the route decoded it already
     chain = prefix_chain(_prompt_bytes(document, raw)) \
         if model.entry.balancing == "prefix" else []
@@ -212,7 +214,8 @@ async def _attempt(model: RemoteModel, replica: Replica, path: str, body: bytes,
 
 def _prompt_bytes(document: dict[str, Any] | None, raw: bytes) -> bytes:
     """What a request's prompt begins with, as bytes, for prefix affinity: OpenAI's messages
-    (role and text of each, in order) or prompt, TGI's `inputs`."""
+    (role and text of each, in order; a Responses request's instructions and input items
+    alike) or prompt, TGI's `inputs`."""
     if document is None:  # TGI's routes: the body was checked by the route, not decoded
         try:
             document = msgspec.json.decode(raw)
@@ -221,6 +224,11 @@ def _prompt_bytes(document: dict[str, Any] | None, raw: bytes) -> bytes:
     if not isinstance(document, dict):
         return b""
     messages = document.get("messages")
+    if "input" in document:  # a Responses request: its instructions, then its input items
+        items = document["input"]
+        messages = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        if document.get("instructions"):
+            messages = [{"role": "system", "content": document["instructions"]}, *messages]
     if isinstance(messages, list):
         parts: list[str] = []
         for message in messages:
@@ -289,6 +297,9 @@ def _error_event(api: Api, err: ApiError) -> bytes:
     if api == "tgi":
         body = msgspec.json.encode(tgi.ErrorResponse(error=err.message, error_type=err.error_type))
         return b"data:" + body + b"\n\n"
+    if api == "responses":  # OpenAI's `error` event; the stream has no `[DONE]`
+        detail = msgspec.json.decode(openai_error_json(err))["error"]
+        return b"event: error\ndata:" + msgspec.json.encode({"type": "error", **detail}) + b"\n\n"
     return b"data:" + openai_error_json(err) + b"\n\ndata: [DONE]\n\n"
 
 

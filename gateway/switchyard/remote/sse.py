@@ -83,14 +83,20 @@ def last_event(events: bytes) -> bytes:
     return parts[-1] if parts else b""
 
 
-def stream_ended(api: Literal["openai", "tgi"], events: bytes) -> bool:
+_RESPONSES_END = re.compile(rb"^event: ?response\.(completed|incomplete|failed)\s*$", re.M)
+
+
+def stream_ended(api: Literal["openai", "tgi", "responses"], events: bytes) -> bool:
     """Whether `events` (the last ones relayed) end the stream as the API ends it.
 
     A replica that closes its connection cleanly mid-stream (no chunked-encoding
     error) is told apart from one that finished only by this: OpenAI's stream
-    ends with `data: [DONE]`, TGI's with an event whose `generated_text` is set.
+    ends with `data: [DONE]`, TGI's with an event whose `generated_text` is set, the
+    Responses API's with a `response.completed`, `.incomplete` or `.failed` event.
     """
     event = last_event(events)
+    if api == "responses":
+        return _RESPONSES_END.search(event) is not None
     if api == "openai":
         return b"[DONE]" in event
     found = _TGI_LAST.search(event)

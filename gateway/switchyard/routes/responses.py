@@ -118,7 +118,8 @@ async def create(gw: Gateway, data: rs.ResponsesRequest, raw: bytes) -> Response
     """Answer `POST /v1/responses`."""
     target = gw.resolve(data.model)
     if isinstance(target, RemoteModel):
-        return await remote.forward(target, "openai", "/v1/responses", raw, bool(data.stream))
+        return await remote.forward(target, "responses", "/v1/responses", raw,
+                                    bool(data.stream))
     model = gw.model(data.model)
     responses = gw.responses
     storing = _check_fields(data, responses)
