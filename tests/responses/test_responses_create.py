@@ -195,7 +195,7 @@ def test_input_tokens_count_the_prompt(client):
 def _requests(server, key: str) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(key + "{") or line.startswith(key + " "))
+               if line.startswith((key + "{", key + " ")))
 
 
 def test_responses_requests_are_counted_and_timed_as_generation_requests(client, server):

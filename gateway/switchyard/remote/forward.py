@@ -25,13 +25,13 @@ from litestar import Response
 from litestar.response import Stream
 
 from switchyard.errors import ApiError, validation_error
+from switchyard.protocol import tgi
 from switchyard.remote.affinity import prefix_chain
 from switchyard.remote.model import RemoteModel
 from switchyard.remote.relay import RelayResponse
-from switchyard.remote.upstream import Replica
-from switchyard.protocol import tgi
-from switchyard.routes.errors import openai_error_json
 from switchyard.remote.sse import EventCutter, Garbage, stream_ended
+from switchyard.remote.upstream import Replica
+from switchyard.routes.errors import openai_error_json
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error
 

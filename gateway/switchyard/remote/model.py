@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from switchyard.models.served import Admission
 from switchyard.remote.affinity import PrefixAffinity
 from switchyard.remote.balancer import pick
 from switchyard.remote.config import RemoteEntry
-from switchyard.models.served import Admission
 from switchyard.remote.relay import RelayPool
 from switchyard.remote.upstream import Replica, ReplicaMonitor
 

@@ -83,7 +83,7 @@ def last_event(events: bytes) -> bytes:
     return parts[-1] if parts else b""
 
 
-_RESPONSES_END = re.compile(rb"^event: ?response\.(completed|incomplete|failed)\s*$", re.M)
+_RESPONSES_END = re.compile(rb"^event: ?response\.(completed|incomplete|failed)\s*$", re.MULTILINE)
 
 
 def stream_ended(api: Literal["openai", "tgi", "responses"], events: bytes) -> bool:

@@ -30,7 +30,7 @@ SCRAPE_TIMEOUT_S = 1.0
 
 _QUEUE_GAUGES = re.compile(
     rb"^(?:tgi_queue_size|vllm:num_requests_waiting)(?:\{[^}\n]*\})?[ \t]+([-+0-9.eE]+|NaN)",
-    re.M)
+    re.MULTILINE)
 """Queue depth in Prometheus text: TGI's and Switchyard's gauge, and vLLM's."""
 
 

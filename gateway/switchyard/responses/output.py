@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from switchyard_spec import FinishReason
+
 from switchyard.generation import Finished, Step
 from switchyard.protocol import responses as rs
 from switchyard.protocol import responses_events as ev
@@ -20,7 +22,6 @@ from switchyard.responses.items import new_id
 from switchyard.text.tokenizer import TextTokenizer
 from switchyard.tools.calls import ToolCallParser, ToolEvent
 from switchyard.tools.openai import ToolSetup, step_text
-from switchyard_spec import FinishReason
 
 
 def step_logprobs(tokenizer: TextTokenizer, steps: Sequence[Step]) -> list[rs.Logprob]:

@@ -152,7 +152,7 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.
     )
 
 
-def anchored(anchors: tuple[Anchor, ...]):  # noqa: ANN201 - a PromptEncoder
+def anchored(anchors: tuple[Anchor, ...]):
     """An encoder that keeps the chat route's tokens when they extend an earlier turn's,
     and otherwise keeps the earlier turn's tokens and tokenizes the rest after them."""
 
@@ -179,10 +179,10 @@ def responses_error(exc: ApiError) -> ApiError:
     """A chat planner's error in the Responses API's field names."""
     if exc.param is None:
         return exc
-    head, _, rest = exc.param.partition(".")
-    if head.split("[", 1)[0] not in _CHAT_PARAMS:
+    field = exc.param.partition(".")[0].split("[", 1)[0]
+    if field not in _CHAT_PARAMS:
         return exc
-    mapped = _CHAT_PARAMS[head.split("[", 1)[0]]
+    mapped = _CHAT_PARAMS[field]
     message = exc.message
     for pattern, word in _CHAT_WORDS:
         message = pattern.sub(word, message)

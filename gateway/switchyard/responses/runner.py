@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 
 import msgspec
+from switchyard_spec import FinishReason
 
 from switchyard.errors import ApiError
 from switchyard.generation import Finished, start
@@ -23,7 +24,6 @@ from switchyard.protocol import responses_events as ev
 from switchyard.responses.live import LiveResponse, Responses
 from switchyard.responses.output import OutputBuilder
 from switchyard.responses.store import Anchor
-from switchyard_spec import FinishReason
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
