@@ -95,9 +95,7 @@ async def run_turn(turn: Turn, live: LiveResponse, responses: Responses) -> None
             live.emit(ev.ResponseCompleted(response=snapshot(response)))
     except ApiError as exc:
         response.output = list(builder.items)
-        response.status = "failed"
-        response.error = rs.ResponseError(code=_error_code(exc), message=exc.message)
-        live.emit(ev.ResponseFailed(response=snapshot(response)))
+        _fail(live, exc)
     except asyncio.CancelledError:
         response.output = list(builder.items)
         response.status = "cancelled"
@@ -109,6 +107,14 @@ async def run_turn(turn: Turn, live: LiveResponse, responses: Responses) -> None
             responses.store.put(record)
 
 
+def _fail(live: LiveResponse, exc: ApiError) -> ev.Event:
+    """End the response `failed` with the error, emitting its last event."""
+    response = live.record.response
+    response.status = "failed"
+    response.error = rs.ResponseError(code=_error_code(exc), message=exc.message)
+    return live.emit(ev.ResponseFailed(response=snapshot(response)))
+
+
 async def run_background(turn: Turn, live: LiveResponse, responses: Responses) -> None:
     """A background response's task: take a permit, generate, and let go of the response."""
     model = turn.model
@@ -116,10 +122,7 @@ async def run_background(turn: Turn, live: LiveResponse, responses: Responses) -
         try:
             model.admission.acquire()
         except ApiError as exc:
-            response = live.record.response
-            response.status = "failed"
-            response.error = rs.ResponseError(code=_error_code(exc), message=exc.message)
-            live.emit(ev.ResponseFailed(response=snapshot(response)))
+            _fail(live, exc)
             responses.store.put(live.record)
             return
         try:
@@ -138,10 +141,8 @@ async def stream_turn(turn: Turn, live: LiveResponse, responses: Responses
     try:
         model.admission.acquire()
     except ApiError as exc:
-        response = live.record.response
-        response.status = "failed"
-        response.error = rs.ResponseError(code=_error_code(exc), message=exc.message)
-        yield ev.sse_frame(live.emit(ev.ResponseFailed(response=snapshot(response))))
+        responses.running.pop(live.record.response.id, None)
+        yield ev.sse_frame(_fail(live, exc))
         return
     task = asyncio.ensure_future(run_turn(turn, live, responses))
     try:
