@@ -205,6 +205,25 @@ def test_openai_sdk_image_url_parts(vision_server: LiveServer, images: ImageServ
         assert reply.usage.completion_tokens == len(want)
 
 
+def test_responses_input_image_parts(vision_server: LiveServer, images: ImageServer,
+                                     folders: dict[str, Path]) -> None:
+    """The Responses API's `input_image` part reaches the model as chat's `image_url` does:
+    the same tokens as the processor's reference; a text-only model refuses it."""
+    folder = folders["llava_next"]
+    want = _reference(folder, _chat_prompt(folder, f"{IMAGE_TOKEN}{QUESTION}"), 3)
+    client = openai.OpenAI(base_url=f"{vision_server.url}/v1", api_key="-", max_retries=0)
+    content = [{"type": "input_image", "image_url": _data_url(3), "detail": "auto"},
+               {"type": "input_text", "text": QUESTION}]
+    reply = client.responses.create(model="llava-next", max_output_tokens=MAX_NEW,
+                                    temperature=0,
+                                    input=[{"role": "user", "content": content}])
+    assert reply.output_text == _decode(folder, want)
+    assert reply.usage.output_tokens == len(want)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="text", max_output_tokens=2,
+                                input=[{"role": "user", "content": content}])
+
+
 def test_hub_chat_completion_with_an_image(vision_server: LiveServer, images: ImageServer,
                                            folders: dict[str, Path]) -> None:
     folder = folders["llava_next"]
