@@ -43,8 +43,10 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark as `e2e` every test under tests/e2e/ and every test that uses the session's live
-    server (`server`); tests elsewhere that start a server of their own carry the mark
-    themselves. `-m 'not e2e'` then runs the unit tests alone."""
+    server (`server`). Tests elsewhere that run the system whole carry the mark themselves:
+    those that start a server of their own, read the default model (downloaded from PyPI),
+    or spread the work over processes (engine ranks, the kernel suites rerun per ISA
+    level). `-m 'not e2e'` then runs the unit tests alone."""
     for item in items:
         if item.path.is_relative_to(E2E) or "server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)

@@ -25,7 +25,7 @@ from switchyard.models.gguf import ensure_gguf_model, find_converted, keep_block
 from switchyard.plugins import PluginHost
 from switchyard_spec import GGUF_BLOCKS_FILE
 
-from tests.support.gguf_files import TINY, tiny_llama_gguf
+from tests.support.gguf_files import TINY, TINY_VOCAB, tiny_llama_gguf
 
 KEPT = {"lm_head.weight", *(f"model.layers.0.{n}.weight" for n in (
     "self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
@@ -62,16 +62,16 @@ def test_the_q4_0_linears_are_kept_and_are_the_float_weights_bit_for_bit(tiny_fo
     source = json.loads((tiny_folder / "switchyard-gguf.json").read_text())
     assert source["kept_blocks"] == {"Q4_0": 13} and source["conversion_version"] == "3"
     assert tiny_folder.name.endswith("-v3")
-    # 18 bytes per 32 weights as blocks, 128 in float32: the head (49,152 x 64), and 2 layers
+    # 18 bytes per 32 weights as blocks, 128 in float32: the head (2,048 x 64), and 2 layers
     # of 64 x 64 q, 32 x 64 k, three 128 x 64 MLP matrices, and layer 1's 32 x 64 v, 64 x 64 o.
-    weights = 49_152 * 64 + 2 * (64 * 64 + 32 * 64 + 3 * 128 * 64) + 32 * 64 + 64 * 64
+    weights = TINY_VOCAB * 64 + 2 * (64 * 64 + 32 * 64 + 3 * 128 * 64) + 32 * 64 + 64 * 64
     assert source["kept_bytes"] == {"blocks": weights // 32 * 18, "float32": weights * 4}
     caplog.set_level(logging.INFO, "switchyard.models")
     ensure_gguf_model(tiny_llama_gguf(model_cache), model_cache)  # found, not converted again
     assert (f"GGUF {TINY}: dequantized Q4_0 (13 tensors), Q8_0 (1 tensor) to float32; F32 "
             "(6 tensors) kept; blocks of Q4_0 (13 linears) kept as they are too "
-            "(gguf-blocks/linears.safetensors): 1.7 MiB (1,807,488 bytes) as blocks, 12.3 MiB "
-            f"(12,853,248 bytes) in float32; converted before, into {tiny_folder}"
+            "(gguf-blocks/linears.safetensors): 0.1 MiB (111,744 bytes) as blocks, 0.8 MiB "
+            f"(794,624 bytes) in float32; converted before, into {tiny_folder}"
             ) in caplog.text
 
 

@@ -135,6 +135,7 @@ def _family(name: str) -> torch.nn.Module:
                                         max_window_layers=1, **FAMILY)).eval()
 
 
+@pytest.mark.e2e  # rank processes: the engine spread over processes, not a unit
 @pytest.mark.parametrize("name", ["mistral", "qwen2"])
 def test_other_families_shard_and_shutdown_leaves_no_rank_behind(name, tmp_path):
     """Greedy parity with ``generate`` for the other sharded families (uncompiled, for
@@ -157,6 +158,7 @@ def test_other_families_shard_and_shutdown_leaves_no_rank_behind(name, tmp_path)
     assert not _alive(pids[0])
 
 
+@pytest.mark.e2e  # rank processes: the engine spread over processes, not a unit
 def test_two_ranks_give_the_unsharded_tokens_and_compile_nothing_after_warmup(
         one_and_two, reference_llama):
     """Four prompts of 1 to 31 tokens at once: they share padded prefills and decodes."""
@@ -177,6 +179,7 @@ def test_two_ranks_give_the_unsharded_tokens_and_compile_nothing_after_warmup(
     assert two.healthy()
 
 
+@pytest.mark.e2e  # rank processes: the engine spread over processes, not a unit
 def test_logprobs_and_prompt_scores_match_the_unsharded_engine(one_and_two):
     """Prompt scores project the prompt through the split LM head on every rank."""
     prompt = prompt_of(20, start=3)

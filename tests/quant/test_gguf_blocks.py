@@ -243,6 +243,7 @@ def _hf_rows(values: np.ndarray, heads: int) -> np.ndarray:
     return values.reshape(heads, n // heads // 2, 2, -1).swapaxes(1, 2).reshape(values.shape)
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 def test_every_linear_of_the_default_model_is_its_gguf_tensor_bit_for_bit(
         kind, request, model_cache):

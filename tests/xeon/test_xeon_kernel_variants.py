@@ -112,6 +112,7 @@ KERNEL_TESTS = ["tests/xeon/test_xeon_decoder.py", "tests/xeon/test_xeon_prefill
 differ between levels (the int8/uint4 dot-product panels exist at the top level only)."""
 
 
+@pytest.mark.e2e  # reruns the kernel suites in a process per ISA level, not a unit
 @pytest.mark.parametrize("level", [v.name for v in isa.VARIANTS[:-1]])
 def test_kernel_tests_pass_on_each_lower_level(level):
     """This run's other tests use the best level; these run again on each lower one."""
