@@ -191,6 +191,7 @@ def test_cached_tokens_is_zero_for_prompt_logprobs(make_engine):
     assert events[0].cached_tokens == 0 and len(events[0].prompt_logprobs) == 22
 
 
+@pytest.mark.e2e  # an engine process: the engine spread over processes, not a unit
 def test_both_fields_cross_the_engine_process(default_model_path, eos):
     """The engine in a child process (``--engine-process``): the request's min_new_tokens
     reaches it and the events' cached_tokens come back."""
