@@ -173,6 +173,25 @@ def test_openai_streaming_and_usage(live):
     assert chat_chunks[-1].usage.model_dump() == chat_ref.usage.model_dump()
 
 
+def test_responses_reach_an_engine_process_by_alias_and_chain_there(live):
+    """`/v1/responses` on a model in its own process, by its alias: the in-process model's
+    answer, streamed or not, and a chained turn there."""
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="-", timeout=120)
+    want = client.responses.create(model="inproc", input="hi", max_output_tokens=8,
+                                   temperature=0)
+    got = client.responses.create(model="proc-alias", input="hi", max_output_tokens=8,
+                                  temperature=0)
+    assert got.output_text == want.output_text and got.model == "proc"
+    events = list(client.responses.create(model="proc", input="hi", max_output_tokens=8,
+                                          temperature=0, stream=True))
+    assert events[-1].response.output_text == want.output_text
+    again = client.responses.create(model="proc", input="and?", previous_response_id=got.id,
+                                    max_output_tokens=8, temperature=0)
+    ref = client.responses.create(model="inproc", input="and?", previous_response_id=want.id,
+                                  max_output_tokens=8, temperature=0)
+    assert again.output_text == ref.output_text
+
+
 def test_a_client_that_disconnects_aborts_its_sequence_in_the_engine_process(live):
     steps = lambda: _metric(live, "tgi_batch_inference_count", "proc", "decode")  # noqa: E731
     before = steps()

@@ -19,6 +19,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.support.abandoned import MAX_NEW, decode_steps, wait_until_idle
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
            "required": ["city"], "additionalProperties": False}
 TOOL = {"type": "function", "name": "get_weather", "description": "Forecast",
@@ -164,11 +166,16 @@ def test_background_is_queued_polled_and_completes(client):
 
 
 def test_cancel_stops_a_background_response_and_it_stays_cancelled(client, server):
+    """`cancel` aborts the engine sequence: the engine goes idle after fewer decode steps
+    than the response's tokens take, and the response stays `cancelled`."""
+    model = "switchyard/tiny-llama-random"
+    steps = decode_steps(server, model)
     r = client.responses.create(model="tgi", input="Write forever.", background=True,
-                                max_output_tokens=400)
+                                max_output_tokens=MAX_NEW, temperature=0)
+    time.sleep(0.3)  # the scenario: the response has been running a while when cancelled
     done = client.responses.cancel(r.id)
     assert done.status == "cancelled"
-    time.sleep(0.3)  # a cancelled response must not finish later: this waits to see it not
+    wait_until_idle(server, model, steps)
     assert client.responses.retrieve(r.id).status == "cancelled"
     sync = client.responses.create(model="tgi", input="x", max_output_tokens=1)
     with pytest.raises(openai.BadRequestError) as err:
