@@ -25,10 +25,16 @@ from switchyard_engine.sampling import SampledToken
 from switchyard_engine.sequence import BaseSequence
 
 
-def emit_token(seq: BaseSequence, sampled: SampledToken) -> FinishReason | None:
-    """Append ``sampled`` to ``seq``, send its event, and say whether ``seq`` finished."""
+def emit_token(seq: BaseSequence, sampled: SampledToken,
+               recorded: bool = False) -> FinishReason | None:
+    """Append ``sampled`` to ``seq``, send its event, and say whether ``seq`` finished.
+
+    ``recorded``: the sampler has seen the token already (speculative decoding records
+    a step's kept tokens while it verifies the next one).
+    """
     seq.tokens.append(sampled.token_id)
-    seq.sampler.record(sampled.token_id)
+    if not recorded:
+        seq.sampler.record(sampled.token_id)
     finish = finish_reason(seq, sampled.token_id)
     first = seq.generated == 1
     prompt_logprobs: tuple[float, ...] = ()

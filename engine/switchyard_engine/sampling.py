@@ -162,6 +162,9 @@ class SampledToken:
     error: str | None = None
     """Set when the row could not be served (its grammar failed): the token is to be
     dropped and the sequence ended with this error."""
+    more: tuple[SampledToken, ...] = ()
+    """Tokens accepted after this one in the same step (speculative decoding), in order:
+    the step emits this token, then these."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,10 @@ def main() -> None:
               metavar="KEY=VALUE",
               help="Engine-specific setting, repeatable (xeon: num_threads, block_size, "
                    "prefix_caching).")
+@click.option("--speculate", envvar="SPECULATE", type=click.IntRange(min=0), default=None,
+              help="Draft up to N tokens a step from each sequence's own text (n-gram "
+                   "speculative decoding; the same output, faster on text that repeats its "
+                   "input). The engine option speculate=N; see docs/xeon.md.")
 @click.option("--engine-process", envvar="SWITCHYARD_ENGINE_PROCESS", is_flag=True,
               help="Run each local model's engine in a process of its own (restarted if it "
                    "dies); see docs/routing.md.")
@@ -168,6 +172,10 @@ def serve(**options: object) -> None:
     """Load a model, warm it up and serve the OpenAI and TGI APIs."""
     from switchyard.telemetry.logs import configure_logging
 
+    speculate = options.pop("speculate")
+    if speculate is not None:  # TGI's flag, as the engine option it is
+        options["engine_options"] = {**options["engine_options"],  # type: ignore[dict-item]
+                                     "speculate": str(speculate)}
     settings = ServeSettings(**options)  # type: ignore[arg-type]
     # First, so that everything after, imports included, logs in one format.
     configure_logging(settings.log_level, settings.json_output)

@@ -395,6 +395,14 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     kv_blocks_used: int = 0
     """Blocks held by live sequences (a block two sequences share counts once). The KV-cache
     utilisation that cluster routers read is ``kv_blocks_used / kv_blocks_total``."""
+    spec_method: str = ""
+    """The speculative decoding method the engine runs (``ngram``); empty: none."""
+    spec_drafts: int = 0
+    """Sequence steps that fed drafted tokens, since start."""
+    spec_draft_tokens: int = 0
+    """Drafted tokens fed to the model, since start."""
+    spec_accepted_tokens: int = 0
+    """Of ``spec_draft_tokens``, those kept (each one a token the step emitted for free)."""
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,11 +42,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from switchyard.telemetry.exposition import render
-from switchyard.telemetry.request import RequestRecord, Timings
 from switchyard_spec import (
     Engine,
     EngineSpec,
@@ -55,6 +52,9 @@ from switchyard_spec import (
     StepReport,
     WarmupReport,
 )
+
+from switchyard.telemetry.exposition import render
+from switchyard.telemetry.request import RequestRecord, Timings
 
 log = logging.getLogger("switchyard.telemetry")
 
@@ -258,6 +258,17 @@ class _EngineGauges(Collector):
         warmup = family("switchyard_warmup_duration_seconds", "Warmup time of the engine (s)")
         info = GaugeMetricFamily(CACHE_INFO, "KV-cache configuration (labels); value 1",
                                  labels=(*LABELS, "block_size", "num_gpu_blocks"))
+        spec_labels = (*LABELS, "method")
+        drafts = CounterMetricFamily(
+            "switchyard_spec_decode_num_drafts", "Sequence steps that fed drafted tokens",
+            labels=spec_labels)
+        drafted = CounterMetricFamily(
+            "switchyard_spec_decode_num_draft_tokens", "Drafted tokens fed to the model",
+            labels=spec_labels)
+        accepted = CounterMetricFamily(
+            "switchyard_spec_decode_num_accepted_tokens",
+            "Drafted tokens the model kept (each one emitted without a step of its own)",
+            labels=spec_labels)
         for model in self._models():
             labels = [model.name, model.engine_spec.name]
             try:
@@ -278,7 +289,13 @@ class _EngineGauges(Collector):
             if report is not None:
                 total.add_metric(labels, report.max_batch_total_tokens)
                 warmup.add_metric(labels, report.seconds)
+            if stats.spec_method:
+                method = [*labels, stats.spec_method]
+                drafts.add_metric(method, stats.spec_drafts)
+                drafted.add_metric(method, stats.spec_draft_tokens)
+                accepted.add_metric(method, stats.spec_accepted_tokens)
         yield from (queue, size, tokens, total, used, capacity, ratio, warmup, info)
+        yield from (family for family in (drafts, drafted, accepted) if family.samples)
 
 
 def _usage(stats: EngineStats, capacity_tokens: int) -> float:

@@ -66,6 +66,7 @@ from switchyard_xeon.model_paths import (
 from switchyard_xeon.moe import MOE_CHOICES, group_experts
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
+from switchyard_xeon.speculation import SpeculationConfig
 
 logger = logging.getLogger("switchyard.xeon")
 
@@ -210,7 +211,17 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
         runner = (vision.PagedVisionRunner(forward, cache, blocks, loaded.model, kernel,
                                            prefill) if kind is not None
                   else ModelRunner(forward, cache, blocks, kernel, prefill))
-    scheduler = Scheduler(limits, blocks)
+    speculate = SpeculationConfig.from_options(config.options)
+    if speculate.enabled and (cache is None or kind is not None):
+        raise EngineStartError(
+            f"engine option speculate={speculate.tokens}: speculative decoding runs on the "
+            f"paged path of text models; this model runs on "
+            f"{'the vision path' if kind is not None else 'transformers forward'}")
+    if speculate.enabled:
+        logger.info("speculation: n-gram drafts of up to %d tokens (n %d..%d), in steps of "
+                    "at most %d sequences", speculate.tokens, speculate.min_n, speculate.max_n,
+                    speculate.max_batch)
+    scheduler = Scheduler(limits, blocks, speculate)
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                           watermark, takes_images=loaded.info.takes_images)
     return Assembled(loaded.info, runner, scheduler, admission)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-
 from switchyard_engine.grammar import GrammarSupport, apply_grammars, model_folder
 from switchyard_engine.grammar_rows import GrammarRows
 from switchyard_engine.logprobs import prompt_scores
 from switchyard_engine.sampling import SampledToken, sample_step
+from switchyard_engine.speculation.acceptance import accept_matching
 from switchyard_spec import EngineStartError, TopToken
 
 from switchyard_xeon import alibi_attention
@@ -84,11 +84,14 @@ class OutputPlan:
     prompt_top_n: list[int] = field(default_factory=list)
     """Per sequence: how many alternatives to report per scored prompt position (0 for a
     sequence that scores nothing this step)."""
+    verify_rows: dict[int, range] = field(default_factory=dict)
+    """Per sequence (by its index in the step) that fed drafts: the kept rows its newest
+    token and each draft are sampled from, in order."""
 
     @property
     def only_last(self) -> bool:
         """Whether the kept rows are exactly the sampling rows."""
-        return not self.prompt_rows
+        return not self.prompt_rows and not self.verify_rows
 
     @property
     def top_n(self) -> int:
@@ -99,10 +102,14 @@ class OutputPlan:
 def plan_outputs(seqs: Seq[Sequence], offsets: Seq[int]) -> OutputPlan:
     """The :class:`OutputPlan` of a step whose sequence ``i`` starts at packed ``offsets[i]``."""
     plan = OutputPlan()
-    for seq, off in zip(seqs, offsets, strict=True):
+    for index, (seq, off) in enumerate(zip(seqs, offsets, strict=True)):
         n = seq.num_scheduled
         scored = 0
-        if seq.wants_prompt_logprobs:
+        if seq.drafts:  # every fed position samples: the newest token's, then each draft's
+            base = len(plan.keep)
+            plan.keep.extend(range(off, off + n))
+            plan.verify_rows[index] = range(base, base + n)
+        elif seq.wants_prompt_logprobs:
             # Keep every fed position: position p scores prompt token p + 1, and
             # the last fed one is also the sampling row, so nothing is wasted.
             base = len(plan.keep)
@@ -144,6 +151,30 @@ def _store_prompt_scores(seqs: Seq[Sequence], plan: OutputPlan, carried: list[fl
         taken += count
 
 
+def _verify(seq: Sequence, rows: torch.Tensor) -> SampledToken:
+    """Sample ``seq``'s newest-token row, then each draft's row while the samples agree
+    with the drafts; the first token, with the rest in ``SampledToken.more``.
+
+    Each row is sampled with the sequence's own rules after the sampler has
+    recorded the tokens kept before it (penalties and seeds see what a step
+    without drafts would); every kept token but the last is recorded here, and
+    :func:`~switchyard_xeon.events.record_results` records the last one as it
+    emits it.
+    """
+    picked: list[SampledToken] = []
+
+    def sample(j: int, kept: list[int]) -> int:
+        if kept:
+            seq.sampler.record(kept[-1])
+        token = sample_step(rows[j:j + 1], [seq.sampler]).tokens[0]
+        picked.append(token)
+        return token.token_id
+
+    accept_matching(seq.drafts, sample)
+    first, *more = picked
+    return SampledToken(first.token_id, first.logprob, first.top_tokens, more=tuple(more))
+
+
 class ModelRunner:
     """Runs a causal LM's forward pass over a packed batch against the paged cache.
 
@@ -183,9 +214,11 @@ class ModelRunner:
         # A constrained sequence's grammar compiles in a worker during this forward pass.
         constrained = self._start_grammars(seqs)
         logits = self.forward(seqs, plan.keep)
+        verified = {i: _verify(seqs[i], logits[rows.start:rows.stop])
+                    for i, rows in plan.verify_rows.items()}
         carry = None
         top_n = 0
-        if not plan.only_last:
+        if plan.prompt_rows:
             scores = prompt_scores(
                 logits,
                 torch.tensor(plan.prompt_targets, device=logits.device),
@@ -197,8 +230,9 @@ class ModelRunner:
             # host transfer (float64 holds the ids exactly).
             carry = torch.cat([scores.logprobs.double(), scores.top_ids.flatten().double(),
                                scores.top_logprobs.flatten().double()])
+        if not plan.only_last:
             logits = logits[torch.tensor(plan.sample_rows, dtype=torch.long, device=logits.device)]
-        samplers = [seq.sampler for seq in seqs if seq.samples]
+        samplers = [seq.sampler for seq in seqs if seq.samples and not seq.drafts]
         if samplers:
             errors: list[str | None] = []
             if constrained:
@@ -214,7 +248,8 @@ class ModelRunner:
             tokens, carried = iter(()), (carry.tolist() if carry is not None else [])
         if carry is not None:
             _store_prompt_scores(seqs, plan, carried, top_n)
-        return [next(tokens) if seq.samples else None for seq in seqs]
+        return [verified[i] if i in verified else next(tokens) if seq.samples else None
+                for i, seq in enumerate(seqs)]
 
     def _start_grammars(self, seqs: Seq[Sequence]) -> bool:
         """Start compiling the grammar of each constrained sequence seen for the first time.

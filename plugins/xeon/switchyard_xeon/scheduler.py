@@ -36,6 +36,11 @@ sequence is only admitted when its whole prompt fits in the free blocks with
 blocks only for its first chunk), which keeps admission from causing
 preemption at once.
 
+With n-gram speculation on (:mod:`switchyard_xeon.speculation`), a step
+that passes its load gate gives each decoding sequence its drafts after its
+newest token; ``complete`` then caches the newest token and the drafts the
+step kept, no more.
+
 Pure Python: no torch, no model. See :meth:`Scheduler.schedule` and
 :meth:`Scheduler.complete` for the step contract.
 """
@@ -44,10 +49,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from switchyard_xeon import speculation
 from switchyard_xeon.block_manager import BlockManager, PrefixHit
 from switchyard_xeon.sequence import Sequence
+from switchyard_xeon.speculation import SpeculationConfig
+
+if TYPE_CHECKING:  # the results' type only: the scheduler stays free of torch
+    from switchyard_engine.sampling import SampledToken
 
 DEFAULT_MAX_WAITING_TOKENS = 20
 DEFAULT_WAITING_SERVED_RATIO = 0.3
@@ -74,14 +86,22 @@ class SchedulerCounters:
     """Tokens of sequences at admission (prompts, plus generated tokens on resumption)."""
     prefix_hit_tokens: int = 0
     """Of ``admitted_tokens``, those found in the prefix cache and not computed."""
+    drafts: int = 0
+    """Sequence steps that fed drafts (speculative decoding)."""
+    draft_tokens: int = 0
+    """Tokens drafted and fed."""
+    accepted_tokens: int = 0
+    """Of ``draft_tokens``, those the step kept."""
 
 
 class Scheduler:
     """Waiting queue, running batch, and the choice of each step's work."""
 
-    def __init__(self, limits: Limits, blocks: BlockManager) -> None:
+    def __init__(self, limits: Limits, blocks: BlockManager,
+                 speculate: SpeculationConfig | None = None) -> None:
         self.limits = limits
         self.blocks = blocks
+        self.speculate = speculate or SpeculationConfig()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """Admission order: the newest, first to be preempted, is last."""
@@ -138,22 +158,54 @@ class Scheduler:
             seq.num_scheduled = n
             budget -= 0 if decode else n
             batch.append(seq)
+        if (self.speculate.enabled and not preempted and not self.waiting and batch
+                and len(batch) <= self.speculate.max_batch
+                and all(s.remaining == 1 for s in batch)):
+            for seq in batch:
+                self._add_drafts(seq)
         if not preempted:
             batch += self._admit(max(budget, 0))
         if self.running:
             self._steps_since_join += 1
         return batch
 
-    def complete(self, batch: list[Sequence]) -> None:
+    def _add_drafts(self, seq: Sequence) -> None:
+        """Give a decoding sequence its drafts, as many as free blocks hold without
+        preempting anyone."""
+        if not speculation.can_draft(seq):
+            return
+        drafts = speculation.draft(seq, self.speculate)
+        while drafts and not self.blocks.grow(seq.seq_id, seq.num_cached + 1 + len(drafts)):
+            drafts.pop()
+        if drafts:
+            seq.drafts = drafts
+            seq.num_scheduled = 1 + len(drafts)
+
+    def complete(self, batch: list[Sequence],
+                 results: Seq[SampledToken | None] | None = None) -> None:
         """Record that a step over ``batch`` succeeded: the fed tokens are now cached.
 
         Call before appending the sampled tokens. Newly full blocks become
-        shareable through the prefix cache.
+        shareable through the prefix cache. A sequence that fed drafts caches
+        its newest token and the drafts its result kept (``SampledToken.more``
+        holds one token per kept draft, then the step's own).
         """
-        for seq in batch:
-            seq.num_cached += seq.num_scheduled
+        for i, seq in enumerate(batch):
+            tokens: Seq[int] = seq.tokens
+            fed = seq.num_scheduled
+            if seq.drafts:
+                result = results[i] if results is not None else None
+                kept = len(result.more) if result is not None and result.error is None else 0
+                self.counters.drafts += 1
+                self.counters.draft_tokens += len(seq.drafts)
+                self.counters.accepted_tokens += kept
+                speculation.adapt(seq, self.speculate, len(seq.drafts), kept)
+                fed = 1 + kept
+                tokens = [*seq.tokens, *seq.drafts[:kept]]
+                seq.drafts = []
+            seq.num_cached += fed
             seq.num_scheduled = 0
-            self.blocks.commit(seq.seq_id, seq.tokens, seq.num_cached,
+            self.blocks.commit(seq.seq_id, tokens, seq.num_cached,
                                seq.block_keys(self.blocks.block_size))
 
     def finish(self, seq: Sequence) -> None:
@@ -171,6 +223,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.seq_id)
         seq.num_cached = seq.num_scheduled = 0
+        seq.drafts = []
         if seq.generated == 0:
             seq.forget_prompt_scores()  # scored again from the start
         seq.preemptions += 1

@@ -24,6 +24,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from switchyard_engine.sequence import BaseSequence
+from switchyard_engine.speculation.ngram import NgramIndex
 from switchyard_spec import ImageInput
 
 from switchyard_xeon.block_manager import BlockKeys
@@ -42,6 +43,15 @@ class Sequence(BaseSequence):
     """Tokens the coming step feeds, from ``num_cached`` on (set by the scheduler)."""
     preemptions: int = 0
     """Times this sequence lost its cache and went back to the waiting queue."""
+    drafts: list[int] = field(default_factory=list)
+    """Tokens guessed for the coming step (speculative decoding): fed after the newest
+    token, and kept only as far as the step's sampling agrees (``switchyard_xeon.speculation``).
+    ``num_scheduled`` counts them."""
+    ngrams: NgramIndex | None = None
+    """The index its drafts come from (made at its first draft)."""
+    draft_limit: int = 0
+    """How many tokens its next draft may have (0: the engine's ``speculate``); it grows
+    after a step kept every draft and shrinks after one that did not."""
 
     @property
     def remaining(self) -> int:
@@ -65,13 +75,13 @@ class Sequence(BaseSequence):
 
     @property
     def new_tokens(self) -> list[int]:
-        """Tokens the coming step feeds."""
-        return self.tokens[self.num_cached : self.num_cached + self.num_scheduled]
+        """Tokens the coming step feeds (its drafts last)."""
+        return self.tokens[self.num_cached : self.num_cached + self.num_scheduled] + self.drafts
 
     @property
     def samples(self) -> bool:
-        """Whether the coming step ends at the last token, and so samples the next one."""
-        return self.num_cached + self.num_scheduled == len(self.tokens)
+        """Whether the coming step ends at the last token (or its drafts), and so samples."""
+        return self.num_cached + self.num_scheduled == len(self.tokens) + len(self.drafts)
 
     def block_keys(self, block_size: int) -> BlockKeys | None:
         """The extra prefix-cache key of each full block (None for a prompt without images).

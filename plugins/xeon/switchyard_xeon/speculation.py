@@ -1,0 +1,108 @@
+"""N-gram speculative decoding on the Xeon engine: its settings, drafts and load gate.
+
+With ``--engine-option speculate=K`` (TGI's ``--speculate K``) a decoding
+sequence may feed, after its newest token, up to K tokens drafted from its
+own prompt and output (:class:`~switchyard_engine.speculation.ngram.NgramIndex`).
+The step scores all of them in one forward pass, over the paged cache as a
+short prefill, and the runner keeps the drafts the target model samples
+itself (:func:`~switchyard_engine.speculation.acceptance.accept_matching`),
+plus one more token: greedy output is token for token the output without
+speculation, sampled output has its distribution. Keys and values written
+for rejected drafts are left where they are: the sequence's cache length
+stops before them, and the next step overwrites them.
+
+The gate: a step speculates only when every sequence in it decodes, none
+waits to join, and at most ``speculate_max_batch`` (default 4) sequences
+run. Decoding a few rows reads every weight once per step whatever the row
+count, so verifying K more positions costs little; a full batch is bound by
+compute, where drafts would slow it down. Constrained rows (grammars) and
+rows that score their prompt do not draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from switchyard_engine.speculation.ngram import NgramIndex
+from switchyard_spec import EngineStartError
+
+from switchyard_xeon.sequence import Sequence
+
+MAX_SPECULATE = 16
+"""The most tokens one step may draft for a sequence."""
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """The engine's n-gram speculation settings (``tokens == 0``: off)."""
+
+    tokens: int = 0
+    """Drafted tokens per sequence and step, at most (TGI's ``--speculate``)."""
+    min_n: int = 2
+    max_n: int = 4
+    """The n-gram sizes looked up, longest first (vLLM's ``prompt_lookup_min/max``). A
+    single-token match is too weak a guess: on the default model its drafts were kept
+    about half as often (``benchmarks/speculation.py``)."""
+    max_batch: int = 4
+    """Sequences a step may hold and still speculate (the load gate)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any step may draft."""
+        return self.tokens > 0
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> SpeculationConfig:
+        """Read ``speculate``, ``speculate_ngram_min``, ``speculate_ngram_max`` and
+        ``speculate_max_batch``; a bad value stops start-up naming the option."""
+        def number(key: str, default: int, low: int, high: int) -> int:
+            raw = str(options.get(key, "")).strip()
+            if not raw:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise EngineStartError(f"engine option {key}={raw!r} is not an integer") from None
+            if not low <= value <= high:
+                raise EngineStartError(f"engine option {key}={value} is out of range: it must be "
+                                       f"from {low} to {high}")
+            return value
+
+        config = cls(tokens=number("speculate", 0, 0, MAX_SPECULATE),
+                     min_n=number("speculate_ngram_min", 2, 1, 16),
+                     max_n=number("speculate_ngram_max", 4, 1, 16),
+                     max_batch=number("speculate_max_batch", 4, 1, 1024))
+        if config.min_n > config.max_n:
+            raise EngineStartError(
+                f"engine options speculate_ngram_min={config.min_n} and speculate_ngram_max="
+                f"{config.max_n}: the smallest n-gram is larger than the largest")
+        return config
+
+
+def adapt(seq: Sequence, config: SpeculationConfig, drafted: int, kept: int) -> None:
+    """Tune ``seq``'s draft limit to how its drafts fare: two more after a step that kept
+    every draft, one fewer (at least one) after a step that did not (the schedule of
+    transformers' assisted generation). Drafts that fail cost a verified row each; a text
+    that stops repeating its input soon drafts one token a step."""
+    limit = seq.draft_limit or config.tokens
+    if kept == drafted:
+        seq.draft_limit = min(config.tokens, limit + 2)
+    else:
+        seq.draft_limit = max(1, limit - 1)
+
+
+def can_draft(seq: Sequence) -> bool:
+    """Whether a sequence may draft at all: not constrained, not scoring its prompt."""
+    return seq.request.constraint is None and not seq.wants_prompt_logprobs
+
+
+def draft(seq: Sequence, config: SpeculationConfig) -> list[int]:
+    """The drafts for ``seq``'s next step: at most its draft limit, and at most what it may
+    still generate, less one (the step always adds a token of its own)."""
+    limit = seq.draft_limit or config.tokens
+    room = min(limit, seq.max_length - len(seq.tokens) - 1)
+    if room <= 0:
+        return []
+    if seq.ngrams is None:
+        seq.ngrams = NgramIndex(config.min_n, config.max_n)
+    return seq.ngrams.draft(seq.tokens, room)
