@@ -33,7 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from switchyard_spec import Constraint, ConstraintKind, EngineRequest
@@ -230,7 +230,7 @@ class GrammarSupport:
         errors: list[str | None] = [None] * len(rows)
         constrained: list[int] = []
         for i, row in enumerate(rows):
-            state = row.grammar
+            state = grammar_of(row)
             if state is None:
                 continue
             if not state.ready(timeout=wait):
@@ -251,7 +251,9 @@ class GrammarSupport:
         masked: list[int] = []
         for i in constrained:
             # False: every token is allowed here (a free string's middle), nothing to mask.
-            if rows[i].grammar.matcher.fill_next_token_bitmask(bitmask, i):  # type: ignore[union-attr]
+            state = grammar_of(rows[i])
+            assert state is not None  # only constrained rows are here
+            if state.matcher.fill_next_token_bitmask(bitmask, i):
                 masked.append(i)
         if masked:
             index = torch.tensor(masked, dtype=torch.long)
@@ -366,8 +368,15 @@ def apply_grammars(support: GrammarSupport | None, logits: torch.Tensor,
     constrained row fails with its state's error and none is masked."""
     if support is not None:
         return support.apply(logits, rows)
-    return [None if r.grammar is None else (r.grammar.error or "constrained decoding is "
-                                            "unavailable") for r in rows]
+    states = [grammar_of(r) for r in rows]
+    return [None if g is None else (g.error or "constrained decoding is unavailable")
+            for g in states]
+
+
+def grammar_of(row: RowSampler) -> GrammarState | None:
+    """A row's grammar, as this module made it (the sampler knows it only as a
+    :class:`~switchyard_engine.sampling.TokenAcceptor`)."""
+    return cast("GrammarState | None", row.grammar)
 
 
 def model_folder(obj: Any) -> str | None:

@@ -41,17 +41,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from switchyard_spec import SamplingParams, TopToken
 
 from switchyard_engine.inverse_cdf import inverse_cdf
 from switchyard_engine.topk_filter import Filtered, filter_candidates
 from switchyard_engine.watermark import WatermarkConfig, apply_watermark
-from switchyard_spec import SamplingParams, TopToken
 
-if TYPE_CHECKING:
-    from switchyard_engine.grammar import GrammarState
+
+class TokenAcceptor(Protocol):
+    """What a sampler needs of a constrained row's grammar: to be told each token it
+    emits (``switchyard_engine.grammar.GrammarState`` is one). Declared here so that
+    the grammar module depends on sampling and not the other way round."""
+
+    def accept(self, token_id: int) -> None:
+        """Advance past ``token_id``."""
+        ...
 
 _NEG_INF = float("-inf")
 
@@ -124,7 +131,7 @@ class RowSampler:
         eos = sorted({int(t) for t in eos_token_ids if 0 <= t < vocab_size})
         if min_new_tokens > 0 and eos:
             self.eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
-        self.grammar: GrammarState | None = None
+        self.grammar: TokenAcceptor | None = None
         """The request's grammar (:mod:`switchyard_engine.grammar`), set by the engine
         for a constrained request; :meth:`record` advances it."""
 
