@@ -156,7 +156,7 @@ def test_seeded_sampling_speculates_and_keeps_the_request_seed(default_model_pat
 
 
 @pytest.mark.parametrize(("options", "named"), [
-    ({"speculate": "17"}, "speculate=17"),
+    ({"speculate": "17"}, "speculate='17' must be at most 16"),
     ({"speculate": "x"}, "speculate='x'"),
     ({"speculate": "2", "speculate_ngram_min": "4", "speculate_ngram_max": "2"},
      "speculate_ngram_min=4"),

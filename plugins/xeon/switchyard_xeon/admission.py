@@ -16,6 +16,7 @@ from switchyard_spec import EngineConfig, EngineRequest, EngineStartError, Event
 
 from switchyard_xeon.block_manager import blocks_for
 from switchyard_xeon.kv_cache import BLOCK_SIZE
+from switchyard_xeon.options import flag, number
 from switchyard_xeon.scheduler import (
     DEFAULT_MAX_WAITING_TOKENS,
     DEFAULT_WAITING_SERVED_RATIO,
@@ -54,32 +55,6 @@ class CachePlan:
     def capacity_tokens(self) -> int:
         """Tokens the cache holds."""
         return self.num_blocks * self.block_size
-
-
-def _number(options: dict[str, str], key: str, kind: type[int] | type[float],
-            default: float, minimum: float) -> float:
-    """``options[key]`` as a number of at least ``minimum``, or ``default`` when unset."""
-    raw = str(options.get(key, "")).strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        message = f"xeon option {key}={raw!r} is not a valid {kind.__name__}"
-        raise EngineStartError(message) from None
-    if value < minimum:
-        raise EngineStartError(f"xeon option {key}={raw!r} must be at least {minimum}")
-    return value
-
-
-def _flag(options: dict[str, str], key: str, default: bool) -> bool:
-    """``options[key]`` as a yes/no flag, or ``default`` when unset."""
-    raw = str(options.get(key, "")).strip().lower()
-    if not raw:
-        return default
-    if raw not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-        raise EngineStartError(f"xeon option {key}={raw!r} is not a valid flag (true/false)")
-    return raw in ("1", "true", "yes", "on")
 
 
 def _cache_tokens(config: EngineConfig, limits: Limits, bytes_per_token: int,
@@ -135,15 +110,15 @@ def resolve_limits(
                                   or default_prefill_tokens(threads)),
         max_total_tokens=(config.max_total_tokens or info.max_position_embeddings
                           or DEFAULT_MAX_TOTAL_TOKENS),
-        max_waiting_tokens=int(_number(options, "max_waiting_tokens", int,
+        max_waiting_tokens=int(number(options, "max_waiting_tokens", int,
                                        DEFAULT_MAX_WAITING_TOKENS, 0)),
-        waiting_served_ratio=_number(options, "waiting_served_ratio", float,
+        waiting_served_ratio=number(options, "waiting_served_ratio", float,
                                      DEFAULT_WAITING_SERVED_RATIO, 0),
     )
-    block_size = int(_number(options, "block_size", int, BLOCK_SIZE, 1))
+    block_size = int(number(options, "block_size", int, BLOCK_SIZE, 1))
     tokens, source = _cache_tokens(config, limits, bytes_per_token, free_memory)
     plan = CachePlan(blocks_for(tokens, block_size), block_size, source,
-                     _flag(options, "prefix_caching", True))
+                     flag(options, "prefix_caching", True))
     if plan.capacity_tokens < limits.max_total_tokens:
         if config.max_total_tokens:
             raise EngineStartError(

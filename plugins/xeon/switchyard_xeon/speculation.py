@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from switchyard_engine.speculation.ngram import NgramIndex
 from switchyard_spec import EngineStartError
 
+from switchyard_xeon.options import number
 from switchyard_xeon.sequence import Sequence
 
 MAX_SPECULATE = 16
@@ -55,23 +56,13 @@ class SpeculationConfig:
     def from_options(cls, options: dict[str, str]) -> SpeculationConfig:
         """Read ``speculate``, ``speculate_ngram_min``, ``speculate_ngram_max`` and
         ``speculate_max_batch``; a bad value stops start-up naming the option."""
-        def number(key: str, default: int, low: int, high: int) -> int:
-            raw = str(options.get(key, "")).strip()
-            if not raw:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                raise EngineStartError(f"engine option {key}={raw!r} is not an integer") from None
-            if not low <= value <= high:
-                raise EngineStartError(f"engine option {key}={value} is out of range: it must be "
-                                       f"from {low} to {high}")
-            return value
+        def count(key: str, default: int, low: int, high: int) -> int:
+            return int(number(options, key, int, default, low, high))
 
-        config = cls(tokens=number("speculate", 0, 0, MAX_SPECULATE),
-                     min_n=number("speculate_ngram_min", 2, 1, 16),
-                     max_n=number("speculate_ngram_max", 4, 1, 16),
-                     max_batch=number("speculate_max_batch", 4, 1, 1024))
+        config = cls(tokens=count("speculate", 0, 0, MAX_SPECULATE),
+                     min_n=count("speculate_ngram_min", 2, 1, 16),
+                     max_n=count("speculate_ngram_max", 4, 1, 16),
+                     max_batch=count("speculate_max_batch", 4, 1, 1024))
         if config.min_n > config.max_n:
             raise EngineStartError(
                 f"engine options speculate_ngram_min={config.min_n} and speculate_ngram_max="
