@@ -2,8 +2,8 @@
 
 Each test runs the same greedy requests on an engine with speculation off
 and on (``speculate``), and requires the same tokens, and the same logprobs
-within float32 rounding (a verified row is computed in a short prefill, a
-plain decode row by the decode kernel). Prompts that repeat themselves make
+within float32 rounding (a verifying sequence's positions attend as decode
+rows of their own lengths; the plain sequence's one row per step). Prompts that repeat themselves make
 the drafts accept; fresh ones make them fail; both are asked together so
 that the batch mixes them. The engine's own counters must show drafts fed
 and accepted, so a test that passed because nothing was drafted would fail.
@@ -22,6 +22,7 @@ from switchyard_spec import (
     StoppingParams,
 )
 from switchyard_xeon.engine import XeonEngine
+from switchyard_xeon.linears import PanelLinear
 
 from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.family_models import ensure_family
@@ -187,3 +188,43 @@ def test_metrics_show_the_engines_own_draft_counts(default_model_path):
         assert f"switchyard_spec_decode_num_{name}{labels} {value}\n" in text, text
     assert counters.accepted_tokens > 0
     assert "# TYPE switchyard_spec_decode_num_draft_tokens counter" in text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verifying_rows_ride_the_decode_kernel_within_the_row_tile(default_model_path, dtype):
+    """A verifying sequence's positions are packed as decode rows of one table, each
+    attending up to its own position, so a step of them takes the decode kernel's
+    one-call path; and no sequence feeds more positions than the linear kernels' row
+    tile, where the engine's linears are panel ones."""
+    spec = started_engine(default_model_path, dtype, speculate="8", speculate_ngram_min="1")
+    runner = spec._runner
+    steps: list[tuple[list[tuple[int, int, int]], object]] = []
+    pack = runner.pack
+
+    def recording_pack(seqs, keep=None):
+        packed = pack(seqs, keep)
+        fed = [(s.num_cached, s.num_scheduled, len(s.drafts)) for s in seqs]
+        steps.append((fed, packed.step.decode))
+        return packed
+
+    runner.pack = recording_pack
+    try:
+        _run(spec, [REPEATED], new=60)
+    finally:
+        spec.shutdown()
+    verifying = [(fed, decode) for fed, decode in steps if fed[0][2]]
+    assert verifying, "no step drafted"
+    rows = spec._scheduler.speculate.verify_rows
+    qkv = runner._forward.layers[0].qkv
+    # Float weights run on kernels/panel_gemm.cpp or panel_dot_bf16.cpp: kRows = 6.
+    assert rows == (6 if isinstance(getattr(qkv, "__self__", qkv), PanelLinear) else 0)
+    for fed, decode in verifying:
+        (start, scheduled, drafts), = fed
+        assert scheduled == drafts + 1
+        if rows:
+            assert scheduled <= rows
+        if runner.decode_kernel is not None:
+            assert decode is not None and decode.rows is None  # every row decodes
+            assert decode.lens.tolist() == list(range(start + 1, start + scheduled + 1))
+            assert len({tuple(t) for t in decode.tables.tolist()}) == 1
+    assert max(scheduled for (_, scheduled, _), in (f for f, _ in verifying)) > 1

@@ -56,7 +56,7 @@ from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
-from switchyard_xeon.linears import pack_linears, weight_memory
+from switchyard_xeon.linears import PanelLinear, pack_linears, weight_memory
 from switchyard_xeon.model_paths import (
     ForwardPath,
     choose_path,
@@ -218,8 +218,13 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
             f"paged path of text models; this model runs on "
             f"{'the vision path' if kind is not None else 'transformers forward'}")
     if speculate.enabled:
-        logger.info("speculation: n-gram drafts of up to %d tokens (n %d..%d), in steps of "
-                    "at most %d sequences", speculate.tokens, speculate.min_n, speculate.max_n,
+        tiles = [m.row_tile for m in loaded.model.modules() if isinstance(m, PanelLinear)]
+        if tiles:
+            speculate = dataclasses.replace(speculate, verify_rows=min(tiles))
+        logger.info("speculation: n-gram drafts of up to %d tokens (n %d..%d, %s), in steps "
+                    "of at most %d sequences", speculate.tokens, speculate.min_n,
+                    speculate.max_n, f"at most {speculate.verify_rows - 1} per step: the "
+                    f"linear kernels' row tile" if tiles else "no row bound",
                     speculate.max_batch)
     scheduler = Scheduler(limits, blocks, speculate)
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,

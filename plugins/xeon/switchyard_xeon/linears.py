@@ -152,6 +152,16 @@ class PanelLinear(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().contiguous().clone(),
                              persistent=False)
 
+    @property
+    def row_tile(self) -> int:
+        """Rows of ``x`` one micro-kernel call multiplies while a weight panel is hot
+        (``kRows`` of the kernel this weight runs on: 4 on the bf16-dot uint4 panels,
+        6 on the others). A call of up to this many rows costs about one of a single
+        row; each further tile costs a pass of its own."""
+        uint4_dot = (self.weight_format is not None and not self.fma
+                     and self.weight_format.name.startswith("uint4"))
+        return 4 if uint4_dot else 6
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for ``x`` of any leading shape."""
         flat = x.reshape(-1, self.in_features).contiguous()

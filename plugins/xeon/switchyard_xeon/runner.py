@@ -298,10 +298,14 @@ class ModelRunner:
             ids.extend(seq.new_tokens)
             positions.extend(range(start, start + n))
             slots.extend(self.blocks.slots(seq.seq_id, start, n))
-            if start and n == 1 and self.decode_kernel is not None:
-                dec_rows.append(off)
-                dec_tables.append(self.blocks.table(seq.seq_id)[: blocks_for(start + 1, size)])
-                dec_lens.append(start + 1)
+            if start and (n == 1 or seq.drafts) and self.decode_kernel is not None:
+                # A verifying sequence's n positions are n decode rows over one table:
+                # each query attends to the cache up to its own position, the rows
+                # before it included (every row's keys are stored before attention).
+                table = self.blocks.table(seq.seq_id)[: blocks_for(start + n, size)]
+                dec_rows.extend(range(off, off + n))
+                dec_tables.extend([table] * n)
+                dec_lens.extend(range(start + 1, start + n + 1))
                 continue
             if start:  # context from earlier steps (or the prefix cache): read from blocks
                 count = blocks_for(start + n, size)
