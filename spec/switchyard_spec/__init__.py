@@ -9,10 +9,12 @@ package imports nothing of ours, and no torch.
 
 from switchyard_spec.engine import Engine
 from switchyard_spec.errors import (
+    AdapterError,
     EngineNotFoundError,
     EngineStartError,
     PluginConflictError,
     SwitchyardError,
+    UnknownAdapterError,
     UnsupportedQuantizationError,
 )
 from switchyard_spec.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME, hookimpl, hookspec
@@ -59,6 +61,7 @@ from switchyard_spec.types import (
 )
 
 __all__ = [
+    "AdapterError",
     "ENTRY_POINT_GROUP",
     "FP8_E4M3_MAX",
     "FP8_E4M3_PER_TENSOR",
@@ -99,6 +102,7 @@ __all__ = [
     "SwitchyardError",
     "TokenEvent",
     "TopToken",
+    "UnknownAdapterError",
     "UnsupportedQuantizationError",
     "WarmupReport",
     "WeightFormat",

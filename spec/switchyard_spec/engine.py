@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 
+from switchyard_spec.errors import AdapterError
 from switchyard_spec.types import (
     EngineRequest,
     EngineStats,
@@ -93,3 +94,23 @@ class Engine(abc.ABC):
         a real generation should override it; the default trusts ``healthy``.
         """
         return self.healthy()
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Make the LoRA adapter in folder ``path`` servable as ``name``; may block.
+
+        Called from a worker thread (``POST /v1/load_lora_adapter``). The engine
+        reads and checks the folder (PEFT's format) before it touches anything,
+        so a failed load leaves running sequences and loaded adapters as they
+        were; loading a name again replaces it for sequences submitted later.
+        Raise ``AdapterError`` with the reason. The default refuses: an engine
+        that serves adapters overrides it.
+        """
+        raise AdapterError(f"this engine does not serve LoRA adapters (cannot load {name!r})")
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name``; sequences already running with it finish.
+
+        Called from a worker thread. Raise ``UnknownAdapterError`` when no
+        adapter has that name. The default refuses like ``load_adapter``.
+        """
+        raise AdapterError(f"this engine does not serve LoRA adapters (cannot unload {name!r})")

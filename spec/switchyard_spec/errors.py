@@ -25,3 +25,17 @@ class UnsupportedQuantizationError(SwitchyardError):
     Raised by the gateway at start-up, before the engine is built; the message
     lists the methods that engine can run.
     """
+
+
+class AdapterError(SwitchyardError):
+    """A LoRA adapter cannot be loaded or served; the message names it and says why.
+
+    Raised by ``Engine.load_adapter`` / ``Engine.unload_adapter`` (a corrupt
+    folder, a rank over ``EngineConfig.max_lora_rank``, DoRA, ``modules_to_save``,
+    a bias, a target module the engine cannot adapt, an unknown name, or an
+    engine without adapter support). The gateway answers it with a 4xx, never a 500.
+    """
+
+
+class UnknownAdapterError(AdapterError):
+    """No adapter of that name is loaded on the engine."""

@@ -226,6 +226,15 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The prompt's images, in prompt order, their placeholders already in
     ``prompt_token_ids`` (see ``ImageInput``). The gateway sends images only to
     models whose ``ModelInfo.takes_images`` is true."""
+    adapter_id: str | None = None
+    """The LoRA adapter this sequence runs with: a name the engine was given in
+    ``EngineConfig.lora_adapters`` or through ``Engine.load_adapter``; None runs
+    the base model. An engine adds the adapter's low-rank delta to the base
+    projections of this sequence's rows only (other rows of the same batch are
+    untouched), and keys its prefix cache on it, so two adapters (or an adapter
+    and the base) never share cached blocks for the same prompt. The gateway
+    sends only names the engine knows; a name unknown to the engine ends the
+    sequence with an ``error`` event."""
 
 
 class TopToken(msgspec.Struct, frozen=True, array_like=True):
@@ -350,6 +359,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     up there.)"""
     options: dict[str, str] = {}
     """Engine-specific settings, passed through as given."""
+    lora_adapters: dict[str, str] = {}
+    """LoRA adapters to serve on this model from the start: name -> local folder in
+    PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``). The
+    engine checks every folder at ``start`` and raises ``EngineStartError`` naming
+    the adapter and the reason when one cannot be served exactly (an engine without
+    adapter support raises it for any). ``EngineRequest.adapter_id`` names one."""
+    max_loras: int = 0
+    """Adapters held ready at once (the others are read again from their folder when
+    a request needs them, least recently used out first); 0 lets the engine decide."""
+    max_lora_rank: int = 0
+    """The largest rank an adapter may have (any module's, ``rank_pattern``
+    included); an adapter over it is refused at load. 0 lets the engine decide."""
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
