@@ -61,7 +61,6 @@ from switchyard_spec.types import (
 )
 
 __all__ = [
-    "AdapterError",
     "ENTRY_POINT_GROUP",
     "FP8_E4M3_MAX",
     "FP8_E4M3_PER_TENSOR",
@@ -74,6 +73,7 @@ __all__ = [
     "W8A8_SMOOTHQUANT_STATIC",
     "ActivationQuant",
     "ActivationStatistics",
+    "AdapterError",
     "Calibration",
     "Constraint",
     "ConstraintKind",
