@@ -257,6 +257,37 @@ def sample_step(
     return StepSample(out, values[len(rows) * width :])
 
 
+def final_scores(logits: torch.Tensor, row: RowSampler) -> torch.Tensor:
+    """One row's scores as :func:`sample_step` ends up with them ([vocab], float32).
+
+    Logit bias, watermark, penalties and EOS holds, then, for a sampled row,
+    temperature, top-k/p and typical-p. Their softmax is the distribution the
+    row draws from (greedy rows take its argmax), and their log-softmax gives
+    the log-probabilities the row reports.
+    """
+    scores = logits.reshape(1, -1).float()
+    scores = apply_eos_holds(apply_penalties(apply_watermarks(
+        apply_logit_bias(scores, [row]), [row]), [row]), [row])
+    if row.params.do_sample:
+        scores = warp(scores, [row.params])
+    return scores[0]
+
+
+def scored_token(final: torch.Tensor, row: RowSampler, token_id: int) -> SampledToken:
+    """``token_id`` reported as :func:`sample_step` reports its choice from ``final``
+    (:func:`final_scores`): its log-probability and the row's top alternatives."""
+    if not row.logprobs and row.params.top_n_tokens <= 0:
+        return SampledToken(token_id, 0.0)
+    logprobs = torch.log_softmax(final, dim=-1)
+    top_n = min(row.params.top_n_tokens, final.shape[0])
+    tops: tuple[TopToken, ...] = ()
+    if top_n > 0:
+        values, ids = logprobs.topk(top_n)
+        tops = tuple(TopToken(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(),
+                                                                 strict=True))
+    return SampledToken(token_id, float(logprobs[token_id]), tops)
+
+
 def apply_logit_bias(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.Tensor:
     """Add every row's ``logit_bias`` to its raw logits (one scatter for the batch)."""
     row_idx: list[torch.Tensor] = []

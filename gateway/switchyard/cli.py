@@ -122,6 +122,9 @@ def main() -> None:
               help="Draft up to N tokens a step from each sequence's own text (n-gram "
                    "speculative decoding; the same output, faster on text that repeats its "
                    "input). The engine option speculate=N; see docs/xeon.md.")
+@click.option("--speculative-model", envvar="SPECULATIVE_MODEL", default=None, metavar="PATH",
+              help="Draft with this smaller model (same tokenizer) instead of n-grams; needs "
+                   "--speculate N. The engine option speculative_model=PATH; see docs/xeon.md.")
 @click.option("--engine-process", envvar="SWITCHYARD_ENGINE_PROCESS", is_flag=True,
               help="Run each local model's engine in a process of its own (restarted if it "
                    "dies); see docs/routing.md.")
@@ -172,10 +175,13 @@ def serve(**options: object) -> None:
     """Load a model, warm it up and serve the OpenAI and TGI APIs."""
     from switchyard.telemetry.logs import configure_logging
 
-    speculate = options.pop("speculate")
+    speculate, draft = options.pop("speculate"), options.pop("speculative_model")
     if speculate is not None:  # TGI's flag, as the engine option it is
         options["engine_options"] = {**options["engine_options"],  # type: ignore[dict-item]
                                      "speculate": str(speculate)}
+    if draft is not None:  # vLLM's setting, as the engine option it is
+        options["engine_options"] = {**options["engine_options"],  # type: ignore[dict-item]
+                                     "speculative_model": str(draft)}
     settings = ServeSettings(**options)  # type: ignore[arg-type]
     # First, so that everything after, imports included, logs in one format.
     configure_logging(settings.log_level, settings.json_output)

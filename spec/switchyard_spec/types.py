@@ -417,7 +417,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     """Blocks held by live sequences (a block two sequences share counts once). The KV-cache
     utilisation that cluster routers read is ``kv_blocks_used / kv_blocks_total``."""
     spec_method: str = ""
-    """The speculative decoding method the engine runs (``ngram``); empty: none."""
+    """The speculative decoding method the engine runs (``ngram``, ``draft_model``); empty:
+    none."""
     spec_drafts: int = 0
     """Sequence steps that fed drafted tokens, since start."""
     spec_draft_tokens: int = 0

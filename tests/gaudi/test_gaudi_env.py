@@ -139,6 +139,9 @@ def test_bad_values_and_unsupported_requests_stop_start_up(default_model_path, t
         GaudiEngine(cpu_config(default_model_path, {"prefix_caching": "false"})).start()
     with pytest.raises(EngineStartError, match="speculative decoding .engine option speculate"):
         GaudiEngine(cpu_config(default_model_path, {"speculate": "4"})).start()
+    with pytest.raises(EngineStartError, match="engine option speculative_model, "
+                                               "--speculative-model"):
+        GaudiEngine(cpu_config(default_model_path, {"speculative_model": "/x"})).start()
     with pytest.raises(EngineStartError, match="cpu_compile must be one of"):
         GaudiEngine(cpu_config(default_model_path, {"cpu_compile": "fast"})).start()
     with pytest.raises(EngineStartError, match="4 rows x 48 tokens = 192 tokens, over "

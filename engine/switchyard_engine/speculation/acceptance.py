@@ -40,31 +40,39 @@ def accept_matching(drafts: Sequence[int], sample: Callable[[int, list[int]], in
     return kept
 
 
-def accept_rejection(target: torch.Tensor, draft: torch.Tensor, drafts: Sequence[int],
+def accept_rejection(target: torch.Tensor | Callable[[int, list[int]], torch.Tensor],
+                     draft: torch.Tensor, drafts: Sequence[int],
                      generator: torch.Generator | None = None) -> list[int]:
     """The tokens a step emits for ``drafts`` sampled from a draft model.
 
-    ``target`` holds the target's probabilities at each drafted position and
-    one more ([k + 1, vocab]), ``draft`` the draft model's probabilities the
-    drafts were sampled from ([k, vocab]); both are the distributions after
-    the request's own processing (temperature, top-k/p, penalties, masks).
+    ``draft`` holds the draft model's probabilities the drafts were sampled
+    from ([k, vocab]). ``target`` holds the target's probabilities at each
+    drafted position and one more ([k + 1, vocab]), or is a function
+    ``target(j, kept)`` giving row ``j`` once the tokens ``kept`` so far this
+    step are known (so that penalties and seeds see what a step without
+    drafts would); each row is asked for at most once, in order. Both are
+    the distributions after the request's own processing (temperature,
+    top-k/p, penalties, masks).
     """
     k = len(drafts)
-    if target.shape[0] != k + 1 or draft.shape[0] != k:
+    if draft.shape[0] != k or (isinstance(target, torch.Tensor) and target.shape[0] != k + 1):
+        rows = target.shape[0] if isinstance(target, torch.Tensor) else "any"
         raise ValueError(f"{k} drafts need {k + 1} target rows and {k} draft rows, got "
-                         f"{target.shape[0]} and {draft.shape[0]}")
+                         f"{rows} and {draft.shape[0]}")
+    row_at = (lambda j, kept: target[j]) if isinstance(target, torch.Tensor) else target
     kept: list[int] = []
     for j, token in enumerate(drafts):
-        p, q = float(target[j, token]), float(draft[j, token])
+        p_row = row_at(j, kept).double()
+        p, q = float(p_row[token]), float(draft[j, token])
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         if q > 0.0 and u * q < p or q <= 0.0 < p:
             kept.append(token)
             continue
-        residual = (target[j].double() - draft[j].double()).clamp_min_(0.0)
+        residual = (p_row - draft[j].double()).clamp_min_(0.0)
         total = float(residual.sum())
         # Rejection needs p(d) < q(d), so the residual has mass unless rounding ate it.
-        weights = residual / total if total > 0.0 else target[j].double()
+        weights = residual / total if total > 0.0 else p_row
         kept.append(int(torch.multinomial(weights, 1, generator=generator)))
         return kept
-    kept.append(int(torch.multinomial(target[k].double(), 1, generator=generator)))
+    kept.append(int(torch.multinomial(row_at(k, kept).double(), 1, generator=generator)))
     return kept

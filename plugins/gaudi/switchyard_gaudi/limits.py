@@ -79,10 +79,12 @@ class EngineOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> EngineOptions:
         """Read the options; EngineStartError for an unknown one or a value that does not parse."""
-        if "speculate" in options:
-            raise EngineStartError(
-                "gaudi engine: speculative decoding (engine option speculate, --speculate) is "
-                "not built for its static-shape batches; serve this model without it")
+        for name, flag in (("speculate", "--speculate"),
+                           ("speculative_model", "--speculative-model")):
+            if name in options:
+                raise EngineStartError(
+                    f"gaudi engine: speculative decoding (engine option {name}, {flag}) is "
+                    f"not built for its static-shape batches; serve this model without it")
         unknown = sorted(set(options) - KNOWN_OPTIONS)
         if unknown:
             raise EngineStartError(f"gaudi engine: unknown option {', '.join(unknown)} (it "

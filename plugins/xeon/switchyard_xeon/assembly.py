@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import torch
@@ -37,6 +38,7 @@ from switchyard_spec import (
 from switchyard_xeon import (
     alibi_attention,
     attention,
+    draft_model,
     fp8_linears,
     machine,
     quant_dtype,
@@ -66,7 +68,7 @@ from switchyard_xeon.model_paths import (
 from switchyard_xeon.moe import MOE_CHOICES, group_experts
 from switchyard_xeon.runner import ModelRunner, check_supported
 from switchyard_xeon.scheduler import Scheduler
-from switchyard_xeon.speculation import SpeculationConfig
+from switchyard_xeon.speculation import Drafter, SpeculationConfig
 
 logger = logging.getLogger("switchyard.xeon")
 
@@ -217,16 +219,25 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
             f"engine option speculate={speculate.tokens}: speculative decoding runs on the "
             f"paged path of text models; this model runs on "
             f"{'the vision path' if kind is not None else 'transformers forward'}")
+    drafter: Drafter | None = None
+    draft_folder = config.options.get(draft_model.OPTION, "").strip()
+    if draft_folder and not speculate.enabled:
+        raise EngineStartError(f"engine option {draft_model.OPTION}={draft_folder} needs "
+                               f"speculate=N (--speculate N), the drafts per step")
     if speculate.enabled:
         tiles = [m.row_tile for m in loaded.model.modules() if isinstance(m, PanelLinear)]
         if tiles:
             speculate = dataclasses.replace(speculate, verify_rows=min(tiles))
-        logger.info("speculation: n-gram drafts of up to %d tokens (n %d..%d, %s), in steps "
-                    "of at most %d sequences", speculate.tokens, speculate.min_n,
-                    speculate.max_n, f"at most {speculate.verify_rows - 1} per step: the "
-                    f"linear kernels' row tile" if tiles else "no row bound",
-                    speculate.max_batch)
-    scheduler = Scheduler(limits, blocks, speculate)
+        if draft_folder:
+            drafter = draft_model.DraftModel.load(Path(draft_folder), Path(config.model_path),
+                                                  loaded.info.vocab_size)
+        logger.info("speculation: %s drafts of up to %d tokens (%s), in steps of at most %d "
+                    "sequences",
+                    f"draft model {draft_folder}" if draft_folder else
+                    f"n-gram (n {speculate.min_n}..{speculate.max_n})", speculate.tokens,
+                    f"at most {speculate.verify_rows - 1} per step: the linear kernels' row "
+                    f"tile" if tiles else "no row bound", speculate.max_batch)
+    scheduler = Scheduler(limits, blocks, speculate, drafter)
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                           watermark, takes_images=loaded.info.takes_images)
     return Assembled(loaded.info, runner, scheduler, admission)

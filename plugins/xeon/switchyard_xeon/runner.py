@@ -17,8 +17,14 @@ import torch
 from switchyard_engine.grammar import GrammarSupport, apply_grammars, model_folder
 from switchyard_engine.grammar_rows import GrammarRows
 from switchyard_engine.logprobs import prompt_scores
-from switchyard_engine.sampling import SampledToken, sample_step
-from switchyard_engine.speculation.acceptance import accept_matching
+from switchyard_engine.sampling import (
+    RowSampler,
+    SampledToken,
+    final_scores,
+    sample_step,
+    scored_token,
+)
+from switchyard_engine.speculation.acceptance import accept_matching, accept_rejection
 from switchyard_spec import EngineStartError, TopToken
 
 from switchyard_xeon import alibi_attention
@@ -152,6 +158,42 @@ def _store_prompt_scores(seqs: Seq[Sequence], plan: OutputPlan, carried: list[fl
 
 
 def _verify(seq: Sequence, rows: torch.Tensor) -> SampledToken:
+    """The tokens a verifying step emits for ``seq``: the first, with the rest in
+    ``SampledToken.more`` (see :func:`_verify_matching` and :func:`_verify_rejection`)."""
+    if seq.draft_probs is not None:
+        return verify_rejection(seq.sampler, seq.drafts, rows, seq.draft_probs)
+    return _verify_matching(seq, rows)
+
+
+def verify_rejection(sampler: RowSampler, drafts: Seq[int], rows: torch.Tensor,
+                     q: torch.Tensor) -> SampledToken:
+    """Keep a draft model's ``drafts``, sampled from ``q``, by the rejection rule
+    (:func:`~switchyard_engine.speculation.acceptance.accept_rejection`).
+
+    Row ``j``'s target distribution is the request's processing of its logits
+    (:func:`~switchyard_engine.sampling.final_scores`) once the tokens kept
+    before it are recorded; greedy rows put all of their mass on the argmax,
+    so greedy output is the target's own. Each emitted token reports the
+    log-probability and alternatives a step without drafts would.
+    """
+    finals: list[torch.Tensor] = []
+
+    def target(j: int, kept: list[int]) -> torch.Tensor:
+        if kept:
+            sampler.record(kept[-1])
+        final = final_scores(rows[j], sampler)
+        finals.append(final)
+        if not sampler.params.do_sample:
+            return torch.nn.functional.one_hot(final.argmax(), final.shape[0]).double()
+        return torch.softmax(final.double(), dim=-1)
+
+    kept = accept_rejection(target, q, drafts, sampler.generator)
+    first, *more = [scored_token(final, sampler, token)
+                    for final, token in zip(finals, kept, strict=True)]
+    return SampledToken(first.token_id, first.logprob, first.top_tokens, more=tuple(more))
+
+
+def _verify_matching(seq: Sequence, rows: torch.Tensor) -> SampledToken:
     """Sample ``seq``'s newest-token row, then each draft's row while the samples agree
     with the drafts; the first token, with the rest in ``SampledToken.more``.
 

@@ -98,10 +98,14 @@ class Scheduler:
     """Waiting queue, running batch, and the choice of each step's work."""
 
     def __init__(self, limits: Limits, blocks: BlockManager,
-                 speculate: SpeculationConfig | None = None) -> None:
+                 speculate: SpeculationConfig | None = None,
+                 drafter: speculation.Drafter | None = None) -> None:
         self.limits = limits
         self.blocks = blocks
         self.speculate = speculate or SpeculationConfig()
+        self.drafter: speculation.Drafter = drafter or speculation.NgramDrafter(
+            self.speculate.min_n, self.speculate.max_n)
+        """Where drafts come from (n-gram lookups unless the engine loaded a draft model)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """Admission order: the newest, first to be preempted, is last."""
@@ -172,11 +176,14 @@ class Scheduler:
     def _add_drafts(self, seq: Sequence) -> None:
         """Give a decoding sequence its drafts, as many as free blocks hold without
         preempting anyone."""
-        if not speculation.can_draft(seq):
+        room = speculation.room(seq, self.speculate)
+        if not speculation.can_draft(seq) or room <= 0:
             return
-        drafts = speculation.draft(seq, self.speculate)
+        drafts = self.drafter.draft(seq, room)
         while drafts and not self.blocks.grow(seq.seq_id, seq.num_cached + 1 + len(drafts)):
             drafts.pop()
+        if seq.draft_probs is not None:
+            seq.draft_probs = seq.draft_probs[: len(drafts)] if drafts else None
         if drafts:
             seq.drafts = drafts
             seq.num_scheduled = 1 + len(drafts)
@@ -203,6 +210,8 @@ class Scheduler:
                 fed = 1 + kept
                 tokens = [*seq.tokens, *seq.drafts[:kept]]
                 seq.drafts = []
+                seq.draft_probs = None
+                self.drafter.settle(seq, seq.num_cached + fed)
             seq.num_cached += fed
             seq.num_scheduled = 0
             self.blocks.commit(seq.seq_id, tokens, seq.num_cached,
@@ -217,6 +226,7 @@ class Scheduler:
         if self._by_id.get(seq.request_id) is seq:
             del self._by_id[seq.request_id]
         self.blocks.free(seq.seq_id)
+        self.drafter.forget(seq)
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks and queue it first, to be recomputed later."""
@@ -224,6 +234,7 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
         seq.num_cached = seq.num_scheduled = 0
         seq.drafts = []
+        seq.draft_probs = None
         if seq.generated == 0:
             seq.forget_prompt_scores()  # scored again from the start
         seq.preemptions += 1

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from switchyard_engine.sequence import BaseSequence
 from switchyard_engine.speculation.ngram import NgramIndex
 from switchyard_spec import ImageInput
 
 from switchyard_xeon.block_manager import BlockKeys
+
+if TYPE_CHECKING:  # only named in an annotation: the module stays free of torch
+    import torch
 
 _ids = itertools.count()
 
@@ -47,6 +51,9 @@ class Sequence(BaseSequence):
     """Tokens guessed for the coming step (speculative decoding): fed after the newest
     token, and kept only as far as the step's sampling agrees (``switchyard_xeon.speculation``).
     ``num_scheduled`` counts them."""
+    draft_probs: torch.Tensor | None = None
+    """The draft model's probabilities each draft was sampled from ([len(drafts), vocab]);
+    None for n-gram drafts, which are kept while the target samples them."""
     ngrams: NgramIndex | None = None
     """The index its drafts come from (made at its first draft)."""
     draft_limit: int = 0

@@ -24,6 +24,7 @@ rows that score their prompt do not draft.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from switchyard_engine.speculation.ngram import NgramIndex
 from switchyard_spec import EngineStartError
@@ -96,15 +97,53 @@ def can_draft(seq: Sequence) -> bool:
     return seq.request.constraint is None and not seq.wants_prompt_logprobs
 
 
-def draft(seq: Sequence, config: SpeculationConfig) -> list[int]:
-    """The drafts for ``seq``'s next step: at most its draft limit, and at most what it may
-    still generate, less one (the step always adds a token of its own)."""
+def room(seq: Sequence, config: SpeculationConfig) -> int:
+    """How many drafts ``seq``'s next step may feed: at most its draft limit, the row
+    bound less one, and what it may still generate less one (the step always adds a
+    token of its own)."""
     limit = seq.draft_limit or config.tokens
     if config.verify_rows:
         limit = min(limit, config.verify_rows - 1)
-    room = min(limit, seq.max_length - len(seq.tokens) - 1)
-    if room <= 0:
-        return []
-    if seq.ngrams is None:
-        seq.ngrams = NgramIndex(config.min_n, config.max_n)
-    return seq.ngrams.draft(seq.tokens, room)
+    return max(0, min(limit, seq.max_length - len(seq.tokens) - 1))
+
+
+class Drafter(Protocol):
+    """Where a step's drafts come from: the sequence's own text, or a draft model."""
+
+    method: str
+    """The method's name on ``/metrics`` (``ngram``, ``draft_model``)."""
+
+    def draft(self, seq: Sequence, room: int) -> list[int]:
+        """Up to ``room`` (at least 1) tokens guessed to follow ``seq.tokens``. A drafter
+        that samples its drafts leaves their probabilities in ``seq.draft_probs``."""
+        ...
+
+    def settle(self, seq: Sequence, cached: int) -> None:
+        """After a verifying step: ``seq``'s first ``cached`` tokens are now final."""
+        ...
+
+    def forget(self, seq: Sequence) -> None:
+        """``seq`` ended: drop whatever the drafter keeps for it."""
+        ...
+
+
+@dataclass(frozen=True)
+class NgramDrafter:
+    """Prompt-lookup drafts: what followed the latest earlier occurrence of the
+    sequence's last n tokens, n from ``max_n`` down to ``min_n``."""
+
+    min_n: int
+    max_n: int
+    method: str = "ngram"
+
+    def draft(self, seq: Sequence, room: int) -> list[int]:
+        """See :class:`Drafter`."""
+        if seq.ngrams is None:
+            seq.ngrams = NgramIndex(self.min_n, self.max_n)
+        return seq.ngrams.draft(seq.tokens, room)
+
+    def settle(self, seq: Sequence, cached: int) -> None:
+        """Nothing to do: the index grows with the sequence's tokens."""
+
+    def forget(self, seq: Sequence) -> None:
+        """Nothing to do: the index lives on the sequence."""

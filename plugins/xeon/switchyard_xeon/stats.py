@@ -51,7 +51,7 @@ def engine_stats(sched: Scheduler, steps: int) -> EngineStats:
         max_batch_total_tokens=blocks.num_blocks * blocks.block_size, steps=steps,
         kv_block_size=blocks.block_size, kv_blocks_total=blocks.num_blocks,
         kv_blocks_used=blocks.num_used_blocks,
-        spec_method="ngram" if sched.speculate.enabled else "",
+        spec_method=sched.drafter.method if sched.speculate.enabled else "",
         spec_drafts=sched.counters.drafts, spec_draft_tokens=sched.counters.draft_tokens,
         spec_accepted_tokens=sched.counters.accepted_tokens,
     )
