@@ -97,6 +97,8 @@ class GaudiEngine(ComputeLoop[GaudiSequence]):
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
         """Start the compute thread, which plans, loads the model and then runs the loop."""
+        if self.config.lora_adapters:
+            raise EngineStartError(lora_refusal(self.config.lora_adapters))
         return self._start_loop()
 
     def _load(self) -> ModelInfo:
@@ -323,3 +325,11 @@ class GaudiEngine(ComputeLoop[GaudiSequence]):
     def _after_close(self) -> None:
         if self._group is not None:  # the followers exit, and are reaped, before the thread ends
             self._group.stop()
+
+
+def lora_refusal(adapters: dict[str, str]) -> str:
+    """Why the Gaudi engine cannot serve ``adapters``: what it would need and does not have."""
+    return (f"gaudi engine: LoRA adapters ({', '.join(sorted(adapters))}) are not served: the "
+            "static-shape engine has no adapter slots per bucket, no fixed maximum rank compiled "
+            "into its graphs and no grouped shrink/expand on the HPU; serve them with the xeon "
+            "engine (--engine xeon) or merge the adapter into the weights")

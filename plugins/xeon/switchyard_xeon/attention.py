@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from switchyard_engine.lora.grouped import StepLora
 
 from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
 from switchyard_xeon.kernels.reference import biased_attention
@@ -96,6 +97,9 @@ class StepMetadata:
     decode: DecodeRows | None = None
     prefill: PrefillRows | None = None
     """Set when the engine runs the native prefill kernel: the lists' sequences, as it takes them."""
+    lora: StepLora | None = None
+    """Set when any row of the step runs with a LoRA adapter: each row's group and the
+    adapters' matrices (the decoder adds their deltas after each projection)."""
 
 
 def register() -> str:

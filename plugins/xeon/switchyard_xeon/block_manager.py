@@ -51,6 +51,22 @@ BlockKeys = Callable[[int], bytes]
 """The extra key of a sequence's full block ``i`` (``b""`` for none): see :func:`chain_hash`."""
 
 
+def rooted_keys(keys: BlockKeys | None, root: bytes) -> BlockKeys:
+    """``keys`` with ``root`` prepended to the first block's extra key.
+
+    Every later block's name chains on the first one's, so two sequences with
+    different roots (a LoRA adapter's, or none) share no cached block even
+    for the same tokens, and sequences with the same root share as before.
+    """
+    tagged = root + b"|"
+
+    def key(index: int) -> bytes:
+        extra = keys(index) if keys is not None else b""
+        return tagged + extra if index == 0 else extra
+
+    return key
+
+
 def chain_hash(parent: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
     """The name of a full block: SHA-256 of its parent's name, its token ids and ``extra``.
 

@@ -197,7 +197,8 @@ class LlamaFamilyDecoder:
         # routing: the paged kernel takes every query at once.
         decode = step.decode if step.decode is not None and step.decode.rows is None else None
         native = self.native
-        if decode is not None and native is not None:
+        # A step with adapter rows takes the Python loop: the native one cannot add deltas.
+        if decode is not None and native is not None and step.lora is None:
             h = torch.ops.switchyard_xeon.decode_layers.default(
                 residual, h, cos, sin, step.slots, decode.tables, decode.lens, native.weights,
                 native.biases, step.cache.keys, step.cache.values, native.scalings,
@@ -218,6 +219,7 @@ class LlamaFamilyDecoder:
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
         keys, values = step.cache.keys, step.cache.values
         blocks = row_blocks(tokens)  # [None] (all rows at once) for all but big steps
+        lora = step.lora  # each row's adapter delta, added right after each projection
         for i, layer in enumerate(self.layers):
             # Up to attention, row block by row block (see ROW_BLOCK).
             parts = []
@@ -226,6 +228,8 @@ class LlamaFamilyDecoder:
                 if i:
                     ops.add_rms_norm_(h_rows, _rows(residual, rows), layer.input_norm, layer.eps)
                 qkv_rows = layer.qkv(h_rows)
+                if lora is not None:  # before rotary: the adapter changes q and k too
+                    lora.add_(i, "qkv", h_rows, qkv_rows, rows)
                 ops.rotary_store_(qkv_rows, _rows(cos, rows), _rows(sin, rows), keys[i],
                                   values[i], _rows(step.slots, rows), heads, kv_heads)
                 parts.append(qkv_rows)
@@ -243,9 +247,20 @@ class LlamaFamilyDecoder:
             # From attention's output to the MLP's, row block by row block.
             parts = []
             for rows in blocks:
-                h_rows = layer.o_proj(_rows(attended, rows).contiguous())
+                a_rows = _rows(attended, rows).contiguous()
+                h_rows = layer.o_proj(a_rows)
+                if lora is not None:
+                    lora.add_(i, "o", a_rows, h_rows, rows)
                 ops.add_rms_norm_(h_rows, _rows(residual, rows), layer.post_norm, layer.eps)
-                parts.append(layer.down(ops.silu_and_mul(layer.gate_up(h_rows))))
+                if lora is None:
+                    parts.append(layer.down(ops.silu_and_mul(layer.gate_up(h_rows))))
+                    continue
+                gate_up = layer.gate_up(h_rows)
+                lora.add_(i, "gate_up", h_rows, gate_up, rows)
+                act = ops.silu_and_mul(gate_up)
+                down = layer.down(act)
+                lora.add_(i, "down", act, down, rows)
+                parts.append(down)
             h = parts[0] if len(parts) == 1 else torch.cat(parts)
         return h
 
