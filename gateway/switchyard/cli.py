@@ -29,6 +29,15 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     return pairs
 
 
+def _lora_adapters(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, str]:
+    from switchyard.models.lora import parse_lora_adapters
+
+    try:
+        return parse_lora_adapters(value or "")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 class _WithPluginCommands(click.Group):
     """The built-in commands, then those plugins declare (`switchyard_commands`).
 
@@ -125,6 +134,17 @@ def main() -> None:
 @click.option("--speculative-model", envvar="SPECULATIVE_MODEL", default=None, metavar="PATH",
               help="Draft with this smaller model (same tokenizer) instead of n-grams; needs "
                    "--speculate N. The engine option speculative_model=PATH; see docs/xeon.md.")
+@click.option("--lora-adapters", envvar="LORA_ADAPTERS", default="", callback=_lora_adapters,
+              metavar="NAME=PATH,...",
+              help="LoRA adapters to serve on the model, comma-separated: NAME=FOLDER, a hub id "
+                   "or ID@REVISION from the local cache (TGI's flag); see docs/lora.md.")
+@click.option("--max-loras", envvar="MAX_LORAS", type=click.IntRange(min=0), default=0,
+              help="Adapters held in memory at once (least recently used out); 0: 8.")
+@click.option("--max-lora-rank", envvar="MAX_LORA_RANK", type=click.IntRange(min=0),
+              default=0, help="The largest adapter rank accepted; 0: 64.")
+@click.option("--allow-runtime-lora-updating", "allow_runtime_lora",
+              envvar="SWITCHYARD_ALLOW_RUNTIME_LORA_UPDATING", is_flag=True,
+              help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's).")
 @click.option("--engine-process", envvar="SWITCHYARD_ENGINE_PROCESS", is_flag=True,
               help="Run each local model's engine in a process of its own (restarted if it "
                    "dies); see docs/routing.md.")

@@ -107,6 +107,7 @@ class SequenceRun:
             prompt_logprobs=plan.prompt_logprobs,
             constraint=plan.constraint,
             images=plan.images,
+            adapter_id=model.adapter_id,
         )
         # The request's telemetry times each sequence: submit, first event, end.
         self._record = note_sequence(

@@ -57,6 +57,15 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """CPUs (a Linux CPU list, "0-3,8") the engine process is pinned to; needs `engine_process`."""
     payload_limit: int = 2_000_000
     """Largest request body in bytes; larger ones get a 413."""
+    lora_adapters: dict[str, str] = {}
+    """LoRA adapters served on the model (`--lora-adapters name=PATH,...`): name -> folder,
+    hub id or `id@revision` (`switchyard.models.lora`)."""
+    max_loras: int = 0
+    """Adapters held in memory at once, least recently used out first; 0: the engine's default."""
+    max_lora_rank: int = 0
+    """The largest adapter rank accepted; 0: the engine's default."""
+    allow_runtime_lora: bool = False
+    """Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (guarded by the API key)."""
     api_key: str | None = None
     """When set, generation routes require `Authorization: Bearer <api_key>`."""
     log_level: str = "info"

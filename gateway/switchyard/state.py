@@ -64,6 +64,18 @@ class Gateway:
             model.check_available()  # a 503 while its engine process restarts
         return model
 
+    def with_adapter(self, model: ServedModel, adapter_id: str | None) -> ServedModel:
+        """``model`` as TGI's `parameters.adapter_id` asks; an adapter it lacks is a 422."""
+        if adapter_id is None or adapter_id == model.name or adapter_id == model.adapter_id:
+            return model
+        base = self.registry.resolve(model.parent, "tgi") if model.parent else model
+        if isinstance(base, ServedModel) and adapter_id in base.adapters:
+            return base.for_adapter(adapter_id)
+        served = ", ".join(sorted(base.adapters)) if isinstance(base, ServedModel) else ""
+        raise validation_error(f"adapter_id `{adapter_id}` is not a LoRA adapter of model "
+                               f"`{model.name}`; its adapters: {served or 'none'}",
+                               param="adapter_id")
+
     def model(self, name: str | None = None, api: str = "openai") -> ServedModel:
         """As `resolve`, for routes that need the model's tokenizer: a remote model is a 422."""
         model = self.resolve(name, api)

@@ -127,12 +127,7 @@ def check_parameters(p: GenerateParameters, settings: ServeSettings, *,
             param="top_n_tokens",
         )
     # `grammar` is checked by the route (switchyard.constraints): it knows the model's engine.
-    # Capabilities this build does not have yet get a validation error that names them.
-    if p.adapter_id is not None:
-        raise validation_error(
-            "`adapter_id` is not supported: this server has no LoRA adapters loaded",
-            param="adapter_id",
-        )
+    # `adapter_id` is checked by the route: it knows which model's adapters it names.
 
 
 def check_inputs(inputs: str, p: GenerateParameters, limits: TokenLimits) -> None:

@@ -62,6 +62,14 @@ def _counters(url: str, method: str) -> dict[str, float]:
         rf'^switchyard_spec_decode_num_(\w+)\{{[^}}]*method="{method}"\}} (\S+)$', text, re.M)}
 
 
+def _gauge(url: str, method: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = re.search(rf'^switchyard_spec_decode_acceptance_rate\{{[^}}]*method="{method}"\}} '
+                      rf'(\S+)$', text, re.M)
+    assert found, "no acceptance rate on /metrics"
+    return float(found[1])
+
+
 def test_a_draft_model_keeps_the_servers_text_details_and_stops(drafting, server):
     plain, spec = Client(server.url, timeout=120), Client(drafting.url, timeout=120)
     for prompt in PROMPTS:
@@ -82,5 +90,7 @@ def test_a_draft_model_keeps_the_servers_text_details_and_stops(drafting, server
     assert got.details.finish_reason == want.details.finish_reason == "stop_sequence"
     found = _counters(drafting.url, "draft_model")
     assert set(found) == {"drafts", "draft_tokens", "accepted_tokens"}
+    rate = _gauge(drafting.url, "draft_model")
+    assert rate == pytest.approx(found["accepted_tokens"] / found["draft_tokens"])
     assert found["draft_tokens"] > found["accepted_tokens"]
     assert found["drafts"] > 0

@@ -66,6 +66,10 @@ class ModelEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Run this model's engine in a process of its own."""
     cpus: str | None = None
     """The CPUs its engine process is pinned to, as a Linux CPU list ("0-3,8")."""
+    lora_adapters: dict[str, str] = {}
+    """LoRA adapters served on this model: name -> folder, hub id or `id@revision`."""
+    max_loras: int = 0
+    max_lora_rank: int = 0
 
     @property
     def name(self) -> str:
@@ -178,7 +182,8 @@ def _check_names(path: Path, entries: list[ModelEntry | RemoteEntry]) -> None:
     """Every name and alias reaches one model; only one entry may use the built-in model."""
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
-        for name in (entry.name, *entry.aliases):
+        adapters = tuple(entry.lora_adapters) if isinstance(entry, ModelEntry) else ()
+        for name in (entry.name, *entry.aliases, *adapters):
             if name in seen:
                 raise ConfigError(f"{path}: models[{i}]: the name {name!r} is already used by "
                                   f"models[{seen[name]}]")

@@ -17,6 +17,7 @@ from switchyard.engine_process import EngineProcess, parse_cpus
 from switchyard.models.config import ModelEntry
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from switchyard.models.gguf import ensure_gguf_model, find_gguf
+from switchyard.models.lora import resolve_adapter_source
 from switchyard.models.random_model import RANDOM_MODEL_NAME, ensure_random_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
@@ -88,6 +89,7 @@ def load_model(
     quantize = plugins.detect_quantization(entry.quantize, path, spec)
     quantization = plugins.resolve_quantization(quantize, spec)
     name = entry.served_model_name or model_id
+    adapters = {n: resolve_adapter_source(n, src) for n, src in entry.lora_adapters.items()}
     config = EngineConfig(
         model_path=str(path),
         dtype=entry.dtype,
@@ -99,6 +101,9 @@ def load_model(
         max_batch_total_tokens=entry.max_batch_total_tokens,
         quantize=quantize,
         quantization=quantization,
+        lora_adapters=adapters,
+        max_loras=entry.max_loras,
+        max_lora_rank=entry.max_lora_rank,
         options={
             "max_waiting_tokens": str(entry.max_waiting_tokens),
             "waiting_served_ratio": str(entry.waiting_served_ratio),
@@ -150,4 +155,5 @@ def load_model(
         aliases=aliases,
         warmup=report,
         vision=vision,
+        adapters=adapters,
     )

@@ -87,6 +87,9 @@ class ModelRegistry:
         model = self._by_name.get(name)
         if model is not None:
             return model
+        adapted = self.adapter(name)
+        if adapted is not None:
+            return adapted
         if name in self.failed:
             raise ApiError(503, f"Model `{name}` is not available: it failed to load: "
                                 f"{self.failed[name]}", "unhealthy")
@@ -95,3 +98,14 @@ class ModelRegistry:
             raise validation_error(f"Model `{name}` is not served here; served: "
                                    f"{', '.join(listed) or 'none'}", param="model")
         raise model_not_found(name)
+
+    def adapter(self, name: str) -> ServedModel | None:
+        """The local model serving a LoRA adapter called ``name``, as that adapter; None if none."""
+        for model in self._models:
+            if name in model.adapters:
+                return model.for_adapter(name)
+        return None
+
+    def taken(self, name: str) -> bool:
+        """Whether ``name`` already reaches a model or an adapter (a new adapter may not take it)."""
+        return name in self._by_name or self.adapter(name) is not None

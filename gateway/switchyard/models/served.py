@@ -17,7 +17,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from switchyard.engine_process import EngineProcess
@@ -178,7 +178,23 @@ class ServedModel:
     vision: VisionProcessor | None = None
     """The model folder's image processor, for a model whose engine takes images
     (`ModelInfo.takes_images`); None for text-only models (`switchyard.media`)."""
+    adapters: dict[str, str] = field(default_factory=dict)
+    """The LoRA adapters served on this model: name -> folder (shared by its adapter views,
+    so a runtime load or unload shows in all of them)."""
+    adapter_id: str | None = None
+    """On a view made by `for_adapter`: the adapter its requests run with."""
+    parent: str | None = None
+    """On a view made by `for_adapter`: the base model's name."""
     _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    def for_adapter(self, adapter: str) -> ServedModel:
+        """This model as its adapter ``adapter``: replies name the adapter, requests run with it.
+
+        The view shares the engine, tokenizer, limits and admission (an
+        adapter's requests count against the base model's concurrency).
+        """
+        return replace(self, name=adapter, aliases=frozenset(), adapter_id=adapter,
+                       parent=self.name)
 
     def check_available(self) -> None:
         """Raise a 503 `unhealthy` while the model's engine process is down or restarting.

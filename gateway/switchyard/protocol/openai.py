@@ -470,6 +470,11 @@ class ModelCard(msgspec.Struct):
         description="What prompts may hold: `text`, and `image` for a vision-language model "
                     "(`image_url` parts, markdown images).")] = msgspec.field(
         default_factory=lambda: ["text"])
+    parent: Annotated[str | None, Meta(
+        description="For a LoRA adapter: the base model it runs on (vLLM's lineage); null for "
+                    "a model.")] = None
+    root: Annotated[str | None, Meta(
+        description="For a LoRA adapter: the folder it was loaded from; null for a model.")] = None
 
 
 class ModelList(msgspec.Struct):

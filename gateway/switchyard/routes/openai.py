@@ -17,6 +17,7 @@ from switchyard.models.registry import AnyModel
 from switchyard.remote.model import RemoteModel
 from switchyard.protocol import openai as oai
 from switchyard.routes.errors import openai_exception_handlers
+from switchyard.routes.lora import ROUTES as LORA_ROUTES
 from switchyard.routes.openai_chat import chat_completions
 from switchyard.routes.openai_completions import completions
 from switchyard.routes.responses import ROUTES as RESPONSES_ROUTES
@@ -25,14 +26,22 @@ from switchyard.state import Gateway
 
 @get("/v1/models", summary="Served models", tags=["OpenAI"])
 async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
-    """The names clients may put in `model`: each model's name, then its aliases.
+    """The names clients may put in `model`: each model's name, its aliases, its adapters.
 
     (The model id a model also answers to is not listed: for a local folder
     it is a path.)
     """
-    return oai.ModelList(data=[
-        oai.ModelCard(id=name, created=0, owned_by=_owner(m), input_modalities=_modalities(m))
-        for m in gw.registry.everything() for name in (m.name, *sorted(m.aliases))])
+    cards = []
+    for m in gw.registry.everything():
+        cards += [oai.ModelCard(id=name, created=0, owned_by=_owner(m),
+                                input_modalities=_modalities(m))
+                  for name in (m.name, *sorted(m.aliases))]
+        # Each LoRA adapter is a model of its own, its base named as `parent` (vLLM's lineage).
+        adapters = {} if isinstance(m, RemoteModel) else m.adapters
+        cards += [oai.ModelCard(id=name, created=0, owned_by=_owner(m),
+                                input_modalities=_modalities(m), parent=m.name, root=path)
+                  for name, path in sorted(adapters.items())]
+    return oai.ModelList(data=cards)
 
 
 def _modalities(model: AnyModel) -> list[str]:
@@ -48,6 +57,7 @@ def _owner(model: AnyModel) -> str:
 
 router = Router(
     path="/",
-    route_handlers=[chat_completions, completions, list_models, *RESPONSES_ROUTES],
+    route_handlers=[chat_completions, completions, list_models, *RESPONSES_ROUTES,
+                    *LORA_ROUTES],
     exception_handlers=openai_exception_handlers(),
 )

@@ -151,7 +151,7 @@ async def run_generate(
     `details.best_of_sequences`.
     """
     start_time = time.perf_counter()
-    model = gw.model(model_name, "tgi")
+    model = gw.with_adapter(gw.model(model_name, "tgi"), _parameters(request).adapter_id)
     plan = plan_tgi(gw, model, request, await tgi_images(gw, model, request.inputs))
     best_of = _parameters(request).best_of or 1
     validated = time.perf_counter()
@@ -212,7 +212,7 @@ async def stream_events(gw: Gateway, request: tgi.GenerateRequest,
                         model_name: str | None = None) -> AsyncIterator[str]:
     """TGI's SSE events for one request; errors become an in-stream error event."""
     try:
-        model = gw.model(model_name, "tgi")
+        model = gw.with_adapter(gw.model(model_name, "tgi"), _parameters(request).adapter_id)
         _check_streamable(_parameters(request))
         plan = plan_tgi(gw, model, request, await tgi_images(gw, model, request.inputs))
         model.admission.acquire()

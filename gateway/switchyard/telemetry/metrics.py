@@ -269,6 +269,10 @@ class _EngineGauges(Collector):
             "switchyard_spec_decode_num_accepted_tokens",
             "Drafted tokens the model kept (each one emitted without a step of its own)",
             labels=spec_labels)
+        rate = GaugeMetricFamily(
+            "switchyard_spec_decode_acceptance_rate",
+            "Drafted tokens kept per drafted token since start "
+            "(num_accepted_tokens / num_draft_tokens)", labels=spec_labels)
         for model in self._models():
             labels = [model.name, model.engine_spec.name]
             try:
@@ -294,8 +298,10 @@ class _EngineGauges(Collector):
                 drafts.add_metric(method, stats.spec_drafts)
                 drafted.add_metric(method, stats.spec_draft_tokens)
                 accepted.add_metric(method, stats.spec_accepted_tokens)
+                if stats.spec_draft_tokens:  # no rate before the first draft
+                    rate.add_metric(method, stats.spec_accepted_tokens / stats.spec_draft_tokens)
         yield from (queue, size, tokens, total, used, capacity, ratio, warmup, info)
-        yield from (family for family in (drafts, drafted, accepted) if family.samples)
+        yield from (family for family in (drafts, drafted, accepted, rate) if family.samples)
 
 
 def _usage(stats: EngineStats, capacity_tokens: int) -> float:
