@@ -18,6 +18,14 @@ from switchyard_spec.errors import (
     UnsupportedQuantizationError,
 )
 from switchyard_spec.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME, hookimpl, hookspec
+from switchyard_spec.pooling import (
+    PoolingDone,
+    PoolingEngine,
+    PoolingInfo,
+    PoolingRequest,
+    PoolingResult,
+    PoolingTask,
+)
 from switchyard_spec.quantization import (
     FP8_E4M3_MAX,
     FP8_E4M3_PER_TENSOR,
@@ -92,6 +100,12 @@ __all__ = [
     "ModelInfo",
     "Packing",
     "PluginConflictError",
+    "PoolingDone",
+    "PoolingEngine",
+    "PoolingInfo",
+    "PoolingRequest",
+    "PoolingResult",
+    "PoolingTask",
     "QuantizationMethod",
     "QuantizedCheckpoint",
     "QuantizedWeight",

@@ -17,6 +17,7 @@ from switchyard_spec.quantization import QuantizationMethod, WeightFormat
 
 if TYPE_CHECKING:
     from switchyard_spec.engine import Engine
+    from switchyard_spec.pooling import PoolingEngine
 
 
 class FinishReason(str, enum.Enum):
@@ -482,3 +483,6 @@ class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
     The gateway refuses a request with a grammar or a JSON ``response_format`` for
     a model whose engine does not, with a 422, rather than return unconstrained
     text. The toolkit's ``switchyard_engine.grammar`` does the masking."""
+    pooling_factory: Callable[[EngineConfig], PoolingEngine] | None = None
+    """Builds a ``PoolingEngine`` for an embedding or reranker model (see
+    ``switchyard_spec.pooling``); None when the engine serves generation only."""

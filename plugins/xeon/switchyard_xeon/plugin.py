@@ -14,6 +14,7 @@ from switchyard_spec import (
     hookimpl,
 )
 
+from switchyard_xeon.pooling import make_pooling_engine
 from switchyard_xeon.weight_formats import WEIGHT_FORMATS
 
 ENGINE_NAME = "xeon"
@@ -58,5 +59,6 @@ def switchyard_engines() -> list[EngineSpec]:
             priority=PRIORITY,
             weight_formats=WEIGHT_FORMATS,
             constrained_decoding=True,
+            pooling_factory=make_pooling_engine,
         )
     ]
