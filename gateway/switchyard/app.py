@@ -21,11 +21,12 @@ from switchyard.drain import in_flight_counter
 from switchyard.models.config import ConfigError, ModelEntry, RemoteEntry, entries_from_settings
 from switchyard.models.loader import load_model
 from switchyard.remote.model import RemoteModel
+from switchyard.models.pooling import PoolingModel
 from switchyard.models.served import ServedModel
 from switchyard.remote.upstream import new_client
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
-from switchyard.routes import openai, ops, sagemaker, tgi
+from switchyard.routes import embeddings, openai, ops, sagemaker, tgi
 from switchyard.routes.errors import routing_exception_handlers
 from switchyard.settings import ServeSettings
 from switchyard.state import Gateway
@@ -34,7 +35,7 @@ from switchyard_spec import EngineStartError
 
 log = logging.getLogger("switchyard")
 
-ModelLoader = Callable[[ModelEntry, PluginHost], ServedModel]
+ModelLoader = Callable[[ModelEntry, PluginHost], ServedModel | PoolingModel]
 
 
 def create_app(
@@ -71,12 +72,13 @@ def create_app(
                 await remote.stop()
             if gateway.upstream_client is not None:
                 await gateway.upstream_client.aclose()
-            for model in gateway.registry.models():
+            for model in [*gateway.registry.models(), *gateway.registry.pooling_models()]:
                 await asyncio.to_thread(model.engine.shutdown)
             await asyncio.to_thread(telemetry.shutdown)
 
     return Litestar(
-        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router, openapi_json],
+        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router, openapi_json,
+                        embeddings.openai_router, embeddings.tei_router],
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False),
                       "telemetry": Provide(lambda: telemetry, sync_to_thread=False)},
         # The in-flight count a SIGTERM drain waits on (`switchyard.drain`), then telemetry.
@@ -117,6 +119,11 @@ async def _load(
             continue
         try:
             model = await asyncio.to_thread(loader, entry, plugins)
+            if isinstance(model, PoolingModel):
+                gateway.registry.add_pooling(model)
+                log.info("model %s: served as %s", model.model_id,
+                         ", ".join([model.name, *sorted(model.aliases)]))
+                continue
             telemetry.metrics.add_model(model.limits.max_input_tokens,
                                         model.limits.max_total_tokens)
             gateway.registry.add(model)
@@ -136,12 +143,13 @@ async def _load(
             continue
         log.info("model %s: served as %s", model.model_id,
                  ", ".join([model.name, *sorted(model.aliases)]))
-    if not gateway.registry.everything():
+    if not gateway.registry.everything() and not gateway.registry.pooling_models():
         log.error("start-up failed: no model could be loaded (each one's reason is above)")
         return _give_up(gateway, "no model could be loaded: " + "; ".join(
             f"{name}: {why}" for name, why in gateway.registry.failed.items()), on_failure)
     gateway.ready = True
-    log.info("ready: serving %s", ", ".join(m.name for m in gateway.registry.everything()))
+    log.info("ready: serving %s", ", ".join(m.name for m in [
+        *gateway.registry.everything(), *gateway.registry.pooling_models()]))
 
 
 async def _add_remote(gateway: Gateway, entry: RemoteEntry) -> None:

@@ -18,6 +18,8 @@ from switchyard.models.config import ModelEntry
 from switchyard.models.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from switchyard.models.gguf import ensure_gguf_model, find_gguf
 from switchyard.models.lora import resolve_adapter_source
+from switchyard.models.pooling import PoolingModel, load_pooling_model
+from switchyard.models.pooling_folder import is_pooling_folder
 from switchyard.models.random_model import RANDOM_MODEL_NAME, ensure_random_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
@@ -68,7 +70,7 @@ ObserverFactory = Callable[[str, str], StepObserver | None]
 
 def load_model(
     entry: ModelEntry, plugins: PluginHost, step_observer: ObserverFactory | None = None
-) -> ServedModel:
+) -> ServedModel | PoolingModel:
     """Build, load and warm up the model `entry` describes. Blocking: call off the event loop.
 
     `step_observer` (the gateway's metrics) is installed on the engine before
@@ -80,6 +82,8 @@ def load_model(
     model_id, path = resolve_model_path(entry.model_id, entry.revision, entry.gguf_file)
     log.info("model %s: files at %s (found or prepared in %.1fs)", model_id, path,
              time.perf_counter() - t0)
+    if is_pooling_folder(path):  # an embedding model or a reranker: its own engine interface
+        return load_pooling_model(entry, plugins, model_id, path)
     tokenizer = load_tokenizer(path)
     log.info("model %s: tokenizer loaded after %.1fs", model_id, time.perf_counter() - t0)
     spec = plugins.select_engine(entry.engine)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from switchyard.errors import ApiError, model_not_found, validation_error
 from switchyard.remote.model import RemoteModel
+from switchyard.models.pooling import PoolingModel
 from switchyard.models.served import ServedModel
 
 AnyModel = ServedModel | RemoteModel
@@ -32,6 +33,9 @@ class ModelRegistry:
         self._models: list[ServedModel] = []
         self._remotes: list[RemoteModel] = []
         self._all: list[AnyModel] = []
+        # Embedding and reranker models: their own routes, the same namespace.
+        self._pooling: dict[str, PoolingModel] = {}
+        self._pooling_models: list[PoolingModel] = []
         self.failed: dict[str, str] = {}
         """Name of each model that failed to load -> why (aliases included)."""
 
@@ -90,6 +94,9 @@ class ModelRegistry:
         adapted = self.adapter(name)
         if adapted is not None:
             return adapted
+        if name in self._pooling:
+            raise validation_error(f"Model `{name}` serves {self._pooling[name].routes}, "
+                                   "not text generation", param="model")
         if name in self.failed:
             raise ApiError(503, f"Model `{name}` is not available: it failed to load: "
                                 f"{self.failed[name]}", "unhealthy")
@@ -97,6 +104,43 @@ class ModelRegistry:
             listed = [n for m in self._all for n in (m.name, *sorted(m.aliases))]
             raise validation_error(f"Model `{name}` is not served here; served: "
                                    f"{', '.join(listed) or 'none'}", param="model")
+        raise model_not_found(name)
+
+    def add_pooling(self, model: PoolingModel) -> None:
+        """Serve an embedding or reranker model under its name, aliases and model id."""
+        for name in (model.name, *model.aliases):
+            if name in self._by_name or name in self._pooling:
+                raise ValueError(f"model name {name!r} is already served")
+            self._pooling[name] = model
+        if model.model_id not in self._by_name:
+            self._pooling.setdefault(model.model_id, model)
+        self._pooling_models.append(model)
+
+    def pooling_models(self) -> list[PoolingModel]:
+        """The embedding and reranker models, in the order they were added."""
+        return list(self._pooling_models)
+
+    def resolve_pooling(self, name: str | None, what: str, api: str = "openai") -> PoolingModel:
+        """The pooling model for a request of an embeddings or rerank route (``what`` names
+        the route's kind for errors); absent and placeholder names reach the first one.
+
+        A generation model's name is a 4xx naming what that model serves.
+        """
+        if name is None or name in PLACEHOLDER_NAMES:
+            if not self._pooling_models:
+                raise validation_error(f"no {what} model is served here", param="model")
+            return self._pooling_models[0]
+        model = self._pooling.get(name)
+        if model is not None:
+            return model
+        if name in self._by_name:
+            raise validation_error(f"Model `{name}` serves text generation (/v1/chat/completions,"
+                                   f" /v1/completions, /generate), not {what}", param="model")
+        if name in self.failed:
+            raise ApiError(503, f"Model `{name}` is not available: it failed to load: "
+                                f"{self.failed[name]}", "unhealthy")
+        if api == "tgi":
+            raise validation_error(f"Model `{name}` is not served here", param="model")
         raise model_not_found(name)
 
     def adapter(self, name: str) -> ServedModel | None:

@@ -23,6 +23,7 @@ from opentelemetry.context import Context
 from switchyard.telemetry.logs import log_request
 from switchyard.telemetry.metrics import Metrics, ModelList
 from switchyard.telemetry.middleware import request_telemetry
+from switchyard.telemetry.pooling import PoolingMetrics
 from switchyard.telemetry.request import RequestRecord
 from switchyard.telemetry.tracing import Tracing
 from switchyard_spec import StepObserver
@@ -41,6 +42,8 @@ class Telemetry:
     def __init__(self, models: ModelList, tracing: Tracing | None = None,
                  enabled: bool = True) -> None:
         self.metrics = Metrics(models)
+        self.pooling = PoolingMetrics(self.metrics.registry, enabled)
+        """The embedding and rerank routes' request metrics (`telemetry.pooling`)."""
         self.tracing = tracing or Tracing()
         self.enabled = enabled
 

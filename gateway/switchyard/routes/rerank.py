@@ -1,0 +1,96 @@
+"""Rerank routes: TEI's `/rerank` and the Jina/Cohere shape at `/v1/rerank`.
+
+Each (query, text) pair runs through the cross-encoder as one input with its
+segment ids; the score is the classifier's logit put through the model's
+activation (sigmoid for one label, as CrossEncoder.predict and TEI do),
+or the raw logit with TEI's `raw_scores`. Both answers list the texts most
+relevant first. The routers are assembled in `routes/embeddings.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Annotated
+
+from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import HeaderParameter, JSONBody
+from switchyard_spec import PoolingTask
+
+from switchyard.errors import validation_error
+from switchyard.models.pooling import PoolingModel
+from switchyard.protocol import embeddings as emb
+from switchyard.routes.auth import require_api_key
+from switchyard.routes.content_type import require_json
+from switchyard.routes.pooling_common import DIRECTIONS, pooling_model
+from switchyard.state import Gateway
+from switchyard.telemetry import Telemetry
+from switchyard.telemetry.pooling import PoolingRecord
+
+ModelHeader = Annotated[str | None, HeaderParameter(
+    name="X-Model", required=False,
+    description="Served model name or alias; absent: the first reranker model.")]
+GUARDS = [require_api_key, require_json]
+_ids = itertools.count()
+
+
+async def _scores(model: PoolingModel, query: str, texts: list[str], truncate: bool | None,
+                  direction: str, raw: bool, record: PoolingRecord) -> tuple[list[float], int]:
+    """Each text's score against `query` and the tokens the pairs took."""
+    model.check_count(len(texts), "texts")
+    if direction.lower() not in DIRECTIONS:
+        raise validation_error(f"`truncation_direction` must be one of {', '.join(DIRECTIONS)}",
+                               param="truncation_direction")
+    pairs = model.tokenizer.pairs(query, texts, bool(truncate), direction.lower())
+    record.tokenized = time.perf_counter()
+    pooled = await model.run(pairs)
+    record.tokens = pooled.tokens
+    record.queue_seconds, record.inference_seconds = pooled.queue_seconds, pooled.inference_seconds
+    logits = [float(a[0]) for a in pooled.arrays]
+    if raw or model.folder.activation == "identity":
+        return logits, pooled.tokens
+    return [1.0 / (1.0 + math.exp(-x)) for x in logits], pooled.tokens
+
+
+def _ranked(scores: list[float]) -> list[int]:
+    """Indices, highest score first (ties keep the input order)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+@post("/rerank", status_code=200, summary="Rerank texts against a query (TEI)",
+      tags=["Text Embeddings Inference"], guards=GUARDS)
+async def rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
+                 data: JSONBody[emb.RerankRequest], x_model: ModelHeader = None,
+                 ) -> list[emb.Rank]:
+    """TEI's `/rerank`: `[{index, score, text?}]`, most relevant first."""
+    with telemetry.pooling.observe("/rerank") as record:
+        model = pooling_model(gw, x_model, PoolingTask.RERANK, record, api="tgi")
+        scores, _ = await _scores(model, data.query, data.texts, data.truncate,
+                                  data.truncation_direction, data.raw_scores, record)
+        return [emb.Rank(index=i, score=scores[i],
+                         text=data.texts[i] if data.return_text else None)
+                for i in _ranked(scores)]
+
+
+@post("/v1/rerank", status_code=200, summary="Rerank documents (Jina/Cohere shape)",
+      tags=["OpenAI"], guards=GUARDS)
+async def document_rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
+                          data: JSONBody[emb.DocumentRerankRequest],
+                          ) -> emb.DocumentRerankResponse:
+    """`results` sorted by `relevance_score`, the first `top_n` of them."""
+    with telemetry.pooling.observe("/v1/rerank") as record:
+        model = pooling_model(gw, data.model, PoolingTask.RERANK, record)
+        if data.top_n is not None and data.top_n < 1:
+            raise validation_error("`top_n` must be at least 1", param="top_n")
+        texts = [d if isinstance(d, str) else d.text for d in data.documents]
+        scores, tokens = await _scores(model, data.query, texts, False, "right", False, record)
+        order = _ranked(scores)[:data.top_n]
+        return emb.DocumentRerankResponse(
+            id=f"rerank-{next(_ids)}", model=model.name,
+            results=[emb.RerankResult(
+                index=i, relevance_score=scores[i],
+                document=emb.RerankDocument(text=texts[i]) if data.return_documents else None)
+                for i in order],
+            usage=emb.RerankUsage(total_tokens=tokens))
