@@ -228,3 +228,44 @@ def test_verifying_rows_ride_the_decode_kernel_within_the_row_tile(default_model
             assert decode.lens.tolist() == list(range(start + 1, start + scheduled + 1))
             assert len({tuple(t) for t in decode.tables.tolist()}) == 1
     assert max(scheduled for (_, scheduled, _), in (f for f, _ in verifying)) > 1
+
+
+def test_a_constrained_request_beside_drafting_ones_is_unchanged(default_model_path):
+    """A grammar row does not draft, but it shares steps with rows that do: its tokens, and
+    theirs, are those of the engine without speculation."""
+    from switchyard_spec import Constraint, ConstraintKind, SamplingParams
+
+    def run(engine: XeonEngine) -> tuple[list[int], list[tuple[int, float]]]:
+        sink = Collector()
+        engine.submit(greedy_request("free", REPEATED, 80), sink)
+        sink.wait_tokens("free", 24)  # by now its own text repeats: it drafts
+        engine.submit(EngineRequest(
+            request_id="constrained", prompt_token_ids=tuple(prompt_of(5)),
+            sampling=SamplingParams(), stopping=StoppingParams(max_new_tokens=20),
+            constraint=Constraint(kind=ConstraintKind.REGEX, spec=r"[a-e ]{20}")), sink)
+        events = sink.wait("constrained")
+        assert events[-1].error is None, events[-1].error
+        free = [(e.token_id, e.logprob) for e in sink.wait("free")
+                if e.error is None and e.token_id >= 0]
+        return token_ids(events), free
+
+    plain = started_engine(default_model_path)
+    spec = started_engine(default_model_path, speculate="4", speculate_ngram_min="1")
+    shared = []
+    pack = spec._runner.pack
+
+    def recording_pack(seqs, keep=None):
+        kinds = {s.request.constraint is not None for s in seqs}
+        shared.append(kinds == {True, False} and any(s.drafts for s in seqs))
+        return pack(seqs, keep)
+
+    spec._runner.pack = recording_pack
+    try:
+        want_constrained, want_free = run(plain)
+        got_constrained, got_free = run(spec)
+        assert got_constrained == want_constrained
+        _same([got_free], [want_free])
+        assert any(shared), "no step held the constrained row beside a drafting one"
+    finally:
+        plain.shutdown()
+        spec.shutdown()
