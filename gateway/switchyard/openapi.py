@@ -246,6 +246,19 @@ RESPONSES_STORED = documented(
     stream_description="With `stream=true`: the kept events after `starting_after`, then "
                        "each new one while the response runs")
 
+_LORA_REFUSED = ErrorDoc(400, "The adapter cannot be served (the reason is named), or the name "
+                        "is taken", "adapter 'x': DoRA (use_dora) is not supported",
+                        "invalid_request_error")
+_LORA_MISSING = ErrorDoc(404, "Runtime loading is off, or no such folder or adapter",
+                         "The lora adapter 'x' cannot be found.", "invalid_request_error",
+                         "not_found")
+LORA_LOAD = documented("openai", ok_description="`Success: LoRA adapter 'x' added "
+                       "successfully.` (text/plain, as vLLM)",
+                       errors=(_LORA_REFUSED, 401, _LORA_MISSING, 413, 422, 503))
+LORA_UNLOAD = documented("openai", ok_description="`Success: LoRA adapter 'x' removed "
+                         "successfully.` (text/plain, as vLLM)",
+                         errors=(_LORA_REFUSED, 401, _LORA_MISSING, 413, 422, 503))
+
 RESPONSES_CANCEL = documented("openai", ok=rs.Response, ok_description="The response, "
                               "`cancelled` unless it had finished", errors=(400, 401, 404))
 RESPONSES_DELETE = documented("openai", ok=rs.DeletedResponse, ok_description="Deleted",

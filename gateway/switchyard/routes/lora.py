@@ -21,6 +21,7 @@ from litestar.params import JSONBody
 from msgspec import Meta
 from switchyard_spec import AdapterError, UnknownAdapterError
 
+from switchyard import openapi
 from switchyard.errors import ApiError
 from switchyard.models.lora import resolve_adapter_source
 from switchyard.models.served import ServedModel
@@ -61,7 +62,7 @@ def _bad(message: str, status: int = 400, param: str = "lora_path") -> ApiError:
 
 
 @post("/v1/load_lora_adapter", summary="Load a LoRA adapter", tags=["OpenAI"], status_code=200,
-      guards=[require_api_key, require_json])
+      guards=[require_api_key, require_json], **openapi.LORA_LOAD)
 async def load_lora_adapter(gw: NamedDependency[Gateway], data: JSONBody[LoadLoraAdapter]
                             ) -> Response[str]:
     """Serve the adapter in `lora_path` as `lora_name` on a model (vLLM's route)."""
@@ -88,7 +89,7 @@ async def load_lora_adapter(gw: NamedDependency[Gateway], data: JSONBody[LoadLor
 
 
 @post("/v1/unload_lora_adapter", summary="Unload a LoRA adapter", tags=["OpenAI"],
-      status_code=200, guards=[require_api_key, require_json])
+      status_code=200, guards=[require_api_key, require_json], **openapi.LORA_UNLOAD)
 async def unload_lora_adapter(gw: NamedDependency[Gateway], data: JSONBody[UnloadLoraAdapter]
                               ) -> Response[str]:
     """Stop serving `lora_name`; its requests in flight finish (vLLM's route)."""
