@@ -8,10 +8,12 @@ file, of either kind, is the default.
 
 from __future__ import annotations
 
+from switchyard_spec import PoolingTask
+
 from switchyard.errors import ApiError, model_not_found, validation_error
-from switchyard.remote.model import RemoteModel
 from switchyard.models.pooling import PoolingModel
 from switchyard.models.served import ServedModel
+from switchyard.remote.model import RemoteModel
 
 AnyModel = ServedModel | RemoteModel
 """What a name resolves to: a model on a local engine, or one other servers serve."""
@@ -120,16 +122,19 @@ class ModelRegistry:
         """The embedding and reranker models, in the order they were added."""
         return list(self._pooling_models)
 
-    def resolve_pooling(self, name: str | None, what: str, api: str = "openai") -> PoolingModel:
+    def resolve_pooling(self, name: str | None, task: PoolingTask, what: str,
+                        api: str = "openai") -> PoolingModel:
         """The pooling model for a request of an embeddings or rerank route (``what`` names
-        the route's kind for errors); absent and placeholder names reach the first one.
+        the route's kind for errors); absent and placeholder names reach the first model of
+        the route's ``task``.
 
         A generation model's name is a 4xx naming what that model serves.
         """
         if name is None or name in PLACEHOLDER_NAMES:
-            if not self._pooling_models:
+            first = next((m for m in self._pooling_models if m.task is task), None)
+            if first is None:
                 raise validation_error(f"no {what} model is served here", param="model")
-            return self._pooling_models[0]
+            return first
         model = self._pooling.get(name)
         if model is not None:
             return model

@@ -19,6 +19,7 @@ from litestar.di import NamedDependency
 from litestar.params import HeaderParameter, JSONBody
 from switchyard_spec import PoolingTask
 
+from switchyard import openapi
 from switchyard.errors import validation_error
 from switchyard.models.pooling import Pooled
 from switchyard.protocol import embeddings as emb
@@ -33,7 +34,7 @@ from switchyard.routes.pooling_common import (
     pooling_model,
     shape,
 )
-from switchyard.routes.rerank import document_rerank, rerank
+from switchyard.routes.rerank import OPENAI_ERRORS, TEI_ERRORS, document_rerank, rerank
 from switchyard.state import Gateway
 from switchyard.telemetry import Telemetry
 from switchyard.telemetry.pooling import PoolingRecord
@@ -46,7 +47,9 @@ GUARDS = [require_api_key, require_json]
 
 
 @post("/v1/embeddings", status_code=200, summary="OpenAI embeddings", tags=["OpenAI"],
-      guards=GUARDS)
+      guards=GUARDS, **openapi.documented("openai", ok=emb.EmbeddingList,
+                                          ok_description="One vector per input",
+                                          errors=OPENAI_ERRORS))
 async def embeddings(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                      data: JSONBody[emb.EmbeddingRequest]) -> emb.EmbeddingList:
     """One vector per input, as floats or base64 float32 (the openai SDK's default)."""
@@ -66,7 +69,9 @@ async def embeddings(gw: NamedDependency[Gateway], telemetry: NamedDependency[Te
             usage=emb.EmbeddingUsage(prompt_tokens=pooled.tokens, total_tokens=pooled.tokens))
 
 
-@post("/embed", status_code=200, summary="Embed inputs (TEI)", tags=TEI_TAGS, guards=GUARDS)
+@post("/embed", status_code=200, summary="Embed inputs (TEI)", tags=TEI_TAGS, guards=GUARDS,
+      **openapi.documented("tgi", ok=list[list[float]], ok_description="One vector per input",
+                           errors=TEI_ERRORS))
 async def embed(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                 data: JSONBody[emb.EmbedRequest], x_model: ModelHeader = None,
                 ) -> list[list[float]]:
@@ -83,7 +88,9 @@ async def embed(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemet
 
 
 @post("/embed_all", status_code=200, summary="Every token's hidden state (TEI)", tags=TEI_TAGS,
-      guards=GUARDS)
+      guards=GUARDS, **openapi.documented("tgi", ok=list[list[list[float]]],
+                                          ok_description="One vector per token of each input",
+                                          errors=TEI_ERRORS))
 async def embed_all(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                     data: JSONBody[emb.EmbedAllRequest], x_model: ModelHeader = None,
                     ) -> list[list[list[float]]]:
@@ -99,7 +106,9 @@ async def embed_all(gw: NamedDependency[Gateway], telemetry: NamedDependency[Tel
 
 
 @post("/similarity", status_code=200, summary="Cosine similarity of sentences (TEI)",
-      tags=TEI_TAGS, guards=GUARDS)
+      tags=TEI_TAGS, guards=GUARDS,
+      **openapi.documented("tgi", ok=list[float], ok_description="One similarity per sentence",
+                           errors=TEI_ERRORS))
 async def similarity(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                      data: JSONBody[emb.SimilarityRequest], x_model: ModelHeader = None,
                      ) -> list[float]:

@@ -29,7 +29,7 @@ def pooling_model(gw: Gateway, name: str | None, task: PoolingTask, record: Pool
         raise ApiError(503, f"Model is not ready: {gw.startup_error or 'still loading'}",
                        "unhealthy")
     what = "embeddings" if task is PoolingTask.EMBED else "reranking"
-    model = gw.registry.resolve_pooling(name, what, api)
+    model = gw.registry.resolve_pooling(name, task, what, api)
     record.model, record.engine = model.name, model.engine_spec.name
     if model.task is not task:
         raise validation_error(f"Model `{model.name}` serves {model.routes}, not {what}",

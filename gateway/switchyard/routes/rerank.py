@@ -19,6 +19,7 @@ from litestar.di import NamedDependency
 from litestar.params import HeaderParameter, JSONBody
 from switchyard_spec import PoolingTask
 
+from switchyard import openapi
 from switchyard.errors import validation_error
 from switchyard.models.pooling import PoolingModel
 from switchyard.protocol import embeddings as emb
@@ -33,6 +34,10 @@ ModelHeader = Annotated[str | None, HeaderParameter(
     name="X-Model", required=False,
     description="Served model name or alias; absent: the first reranker model.")]
 GUARDS = [require_api_key, require_json]
+OPENAI_ERRORS = (400, 401, 404, 413, 422, 424, 429, 503)
+"""What the OpenAI-side pooling routes answer besides a 200 (OpenAI's error body)."""
+TEI_ERRORS = (400, 401, 413, 422, 424, 429, 503)
+"""What TEI's routes answer besides a 200 (an unknown `X-Model` is a 422 there)."""
 _ids = itertools.count()
 
 
@@ -60,7 +65,9 @@ def _ranked(scores: list[float]) -> list[int]:
 
 
 @post("/rerank", status_code=200, summary="Rerank texts against a query (TEI)",
-      tags=["Text Embeddings Inference"], guards=GUARDS)
+      tags=["Text Embeddings Inference"], guards=GUARDS,
+      **openapi.documented("tgi", ok=list[emb.Rank], ok_description="Most relevant first",
+                           errors=TEI_ERRORS))
 async def rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                  data: JSONBody[emb.RerankRequest], x_model: ModelHeader = None,
                  ) -> list[emb.Rank]:
@@ -75,7 +82,9 @@ async def rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Teleme
 
 
 @post("/v1/rerank", status_code=200, summary="Rerank documents (Jina/Cohere shape)",
-      tags=["OpenAI"], guards=GUARDS)
+      tags=["OpenAI"], guards=GUARDS,
+      **openapi.documented("openai", ok=emb.DocumentRerankResponse,
+                           ok_description="Most relevant first", errors=OPENAI_ERRORS))
 async def document_rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
                           data: JSONBody[emb.DocumentRerankRequest],
                           ) -> emb.DocumentRerankResponse:
