@@ -96,20 +96,41 @@ class PeftReference:
 
     def greedy(self, prompt: list[int], new: int, adapter: str | None
                ) -> tuple[list[int], list[float]]:
-        """Greedy tokens and their log-probabilities for ``adapter`` (None: the plain base)."""
-        ids = torch.tensor([prompt])
+        """Greedy tokens and their log-probabilities for ``adapter`` (None: the plain base).
+
+        A plain loop over full forwards (no cache, EOS not special): each token
+        is the argmax of the raw logits, its log-probability their log-softmax.
+        """
+        model = self.base
+        if adapter is not None:
+            self.model.set_adapter(adapter)
+            model = self.model
+        ids = list(prompt)
+        tokens: list[int] = []
+        logprobs: list[float] = []
         with torch.no_grad():
-            if adapter is None:
-                out = self.base.generate(ids, max_new_tokens=new, min_new_tokens=new,
-                                         do_sample=False, output_scores=True,
-                                         return_dict_in_generate=True, pad_token_id=0)
-            else:
-                self.model.set_adapter(adapter)
-                out = self.model.generate(input_ids=ids, max_new_tokens=new,
-                                          min_new_tokens=new, do_sample=False,
-                                          output_scores=True, return_dict_in_generate=True,
-                                          pad_token_id=0)
-        tokens = out.sequences[0, len(prompt):].tolist()
-        logprobs = [torch.log_softmax(score[0].float(), -1)[tok].item()
-                    for score, tok in zip(out.scores, tokens, strict=True)]
+            for _ in range(new):
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                token = int(logits.argmax())
+                tokens.append(token)
+                logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+                ids.append(token)
         return tokens, logprobs
+
+
+def lora_engine(model_path: Path, adapters: dict[str, Path], max_loras: int = 0,
+                max_lora_rank: int = 0, **options: str):  # -> XeonEngine
+    """A started fp32 Xeon engine serving ``adapters`` on the model (small blocks, 16-token
+    prefill chunks, as :func:`tests.support.xeon_engines.started_engine`)."""
+    from switchyard_spec import EngineConfig
+    from switchyard_xeon.engine import XeonEngine
+
+    from tests.support.xeon_options import TEST_OPTIONS
+
+    engine = XeonEngine(EngineConfig(
+        model_path=str(model_path), dtype="float32", max_batch_prefill_tokens=16,
+        lora_adapters={name: str(path) for name, path in adapters.items()},
+        max_loras=max_loras, max_lora_rank=max_lora_rank,
+        options={**TEST_OPTIONS, "block_size": "4", **options}))
+    engine.start()
+    return engine
