@@ -7,6 +7,8 @@ everything queued, sorts it by length and cuts it into forwards of at most
 `max_batch_tokens` padded tokens (16,384 by default, TEI's default), so that
 rows of like length share a forward and little is padded. Each forward is
 one call into the model; its outputs go back to each request's callback.
+Engine options: `max_batch_tokens`, `batch_window_ms`, `pack_linears` (true;
+false keeps transformers' own linear layers).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class XeonPoolingEngine(PoolingEngine):
         try:
             self.max_batch_tokens = int(options.get("max_batch_tokens", DEFAULT_BATCH_TOKENS))
             self.window = float(options.get("batch_window_ms", DEFAULT_WINDOW_MS)) / 1000
+            self.pack = options.get("pack_linears", "true").lower() not in ("0", "false", "no")
         except ValueError as exc:
             raise EngineStartError(f"pooling engine option: {exc}") from None
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -74,7 +77,10 @@ class XeonPoolingEngine(PoolingEngine):
         except LayoutError as exc:
             raise EngineStartError(str(exc)) from None
         dtype = _dtype(self.config.dtype)
-        self.model = model = PooledModel(layout, dtype)
+        self.model = model = PooledModel(layout, dtype, pack=self.pack)
+        log.info("pooling model: %s, %s, linears %s, batches of at most %d padded tokens",
+                 "+".join(layout.modes) or "classifier", dtype, model.packing,
+                 self.max_batch_tokens)
         self._thread = threading.Thread(target=self._loop, name="xeon-pooling", daemon=True)
         self._thread.start()
         return PoolingInfo(

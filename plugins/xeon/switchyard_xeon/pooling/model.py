@@ -26,7 +26,7 @@ ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert"})
 class PooledModel:
     """A loaded pooling model: `forward` maps a batch of requests to float32 outputs."""
 
-    def __init__(self, layout: PoolingLayout, dtype: torch.dtype) -> None:
+    def __init__(self, layout: PoolingLayout, dtype: torch.dtype, pack: bool = True) -> None:
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
         self.layout = layout
@@ -41,6 +41,15 @@ class PooledModel:
             raise EngineStartError(f"{layout.backbone}: a reranker has one label, this "
                                    f"classifier has {config.num_labels}")
         self.config = config
+        self.packing = "stock"
+        if pack:
+            # The generation engine's oneDNN-packed linears: measured on a MiniLM-shaped
+            # BERT, 64 x 128 tokens, 2-core Xeon with AMX: 66 against 40 sentences/s in
+            # bf16, 19 against 17 in fp32 (every matmul skips the weight reorder).
+            from switchyard_xeon.linears import pack_linears
+
+            report = pack_linears(self.backbone, fuse=False)
+            self.packing = report.layout if not report.reason else f"stock ({report.reason})"
         self.model_type = str(config.model_type)
         self.pad_id = int(config.pad_token_id) if getattr(config, "pad_token_id", None) is not None \
             else 0
