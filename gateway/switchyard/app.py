@@ -58,6 +58,7 @@ def create_app(
         tracing or Tracing.otlp(settings.otlp_endpoint, settings.otlp_service_name),
         enabled=not settings.disable_telemetry,
     )
+    telemetry.pooling.watch(gateway.registry.pooling_models)
     load = loader or partial(load_model, step_observer=telemetry.step_observer)
 
     @asynccontextmanager

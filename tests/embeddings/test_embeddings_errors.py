@@ -114,3 +114,11 @@ def test_metrics_per_route_and_model(pooling_server) -> None:
     assert samples.value("te_request_input_length_count", **ok) >= 1
     failed = {"model": "bert-cls", "engine": "xeon", "route": "/embed", "err": "validation"}
     assert samples.value("te_request_failure", **failed) >= 1
+    assert samples.types["te_queue_size"] == "gauge"
+    assert any(n == "te_queue_size" and labels == {"model": "bert-cls", "engine": "xeon"}
+               for n, labels, _ in samples.samples)
+
+
+def test_models_lists_every_kind(pooling_server) -> None:
+    ids = {card["id"] for card in httpx.get(f"{pooling_server.url}/v1/models").json()["data"]}
+    assert {"chat", "bert-mean", "bert-cls", "decoder-last", "cross-encoder"} <= ids

@@ -11,6 +11,8 @@ read the same files.
 - `decoder-last`: the suite's tiny Llama (`switchyard/tiny-llama-random`) as an
   embedder: last-token pooling and Normalize, as Qwen- and Mistral-based embedders do.
 - `cross-encoder`: a tiny `BertForSequenceClassification` with one label.
+- `roberta-mean`: a sentence-transformers folder over a tiny `XLMRobertaModel` (mean
+  pooling, Normalize), whose position ids start after its padding id.
 """
 
 from __future__ import annotations
@@ -111,6 +113,22 @@ def _build(kind: str, out: Path, work: Path, llama: Path | None) -> None:
         config.pop("chat_template", None)
         (base / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
         _st_folder(out, base, "lasttoken", dense=False, normalize=True, max_seq_length=256)
+    elif kind == "roberta-mean":
+        import torch
+        from transformers import XLMRobertaConfig, XLMRobertaModel
+
+        base = work / "base"
+        _tokenizer(base)
+        torch.manual_seed(SEED + 3)
+        # XLM-R's layout: padding id 1, positions offset past it (max_position_embeddings
+        # counts the offset), one token type. The WordPiece tokenizer's [UNK] is id 1 too.
+        config = XLMRobertaConfig(vocab_size=len(_vocab()), hidden_size=HIDDEN,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=130,
+                                  type_vocab_size=1, pad_token_id=1,
+                                  initializer_range=INIT_RANGE)
+        XLMRobertaModel(config).eval().save_pretrained(base, safe_serialization=True)
+        _st_folder(out, base, "mean", dense=False, normalize=True, max_seq_length=128)
     elif kind == "cross-encoder":
         import torch
         from transformers import BertForSequenceClassification

@@ -87,6 +87,10 @@ class ModelRegistry:
         validation error; a model that failed to load is a 503 with the reason.
         """
         if name is None or name in PLACEHOLDER_NAMES:
+            if self.default is None and self._pooling_models:
+                served = ", ".join(f"`{m.name}` ({m.routes})" for m in self._pooling_models)
+                raise validation_error(f"no text generation model is served here; this server "
+                                       f"serves {served}", param="model")
             if self.default is None:
                 raise model_not_found(name or "")
             return self.default

@@ -41,6 +41,9 @@ async def list_models(gw: NamedDependency[Gateway]) -> oai.ModelList:
         cards += [oai.ModelCard(id=name, created=0, owned_by=_owner(m),
                                 input_modalities=_modalities(m), parent=m.name, root=path)
                   for name, path in sorted(adapters.items())]
+    cards += [oai.ModelCard(id=name, created=0, owned_by=m.model_id.split("/")[0],
+                            input_modalities=["text"])  # embedding and reranker models
+              for m in gw.registry.pooling_models() for name in (m.name, *sorted(m.aliases))]
     return oai.ModelList(data=cards)
 
 

@@ -46,6 +46,8 @@ async def health(gw: NamedDependency[Gateway]) -> Response[tgi.ErrorResponse | D
     ok = gw.ready
     for model in gw.registry.models():
         ok = await model.check_health() and ok
+    for pooling in gw.registry.pooling_models():  # embedding and reranker engines
+        ok = pooling.engine.healthy() and ok
     if not ok:
         return Response(_UNHEALTHY, status_code=503)
     unreachable = {

@@ -6,19 +6,28 @@ text-embeddings-inference counts requests as `te_request_count`,
 `te_request_queue_duration` and `te_request_inference_duration`; the same
 names are used here, with `model`, `engine` and `route` labels, so a TEI
 dashboard reads this server's embedding traffic (and tells routes apart).
-`te_request_input_length` counts the tokens of each request.
+`te_request_input_length` counts the tokens of each request. The gauges
+`te_queue_size` (inputs waiting for a forward) and `te_batch_current_size`
+(inputs in the running forward) are read from each pooling engine's `stats()`
+when scraped.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from switchyard.errors import ApiError
+
+if TYPE_CHECKING:
+    from switchyard.models.pooling import PoolingModel
 
 LABELS = ("model", "engine", "route")
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -45,6 +54,7 @@ class PoolingMetrics:
 
     def __init__(self, registry: CollectorRegistry, enabled: bool = True) -> None:
         self.enabled = enabled
+        self._registry = registry
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, LABELS, registry=registry, buckets=buckets)
@@ -64,6 +74,10 @@ class PoolingMetrics:
                                    "The forward that ran it (s)", _SECONDS)
         self.input_length = histogram("te_request_input_length", "Tokens of a request",
                                       _TOKENS)
+
+    def watch(self, models: Callable[[], Sequence[PoolingModel]]) -> None:
+        """Report the load of the pooling engines `models` returns, read when scraped."""
+        self._registry.register(_PoolingGauges(models))
 
     @contextmanager
     def observe(self, route: str) -> Iterator[PoolingRecord]:
@@ -94,3 +108,24 @@ class PoolingMetrics:
         self.queue.labels(*labels).observe(record.queue_seconds)
         self.inference.labels(*labels).observe(record.inference_seconds)
         self.input_length.labels(*labels).observe(record.tokens)
+
+
+class _PoolingGauges(Collector):
+    """Queue and batch gauges of every pooling engine, read at scrape time."""
+
+    def __init__(self, models: Callable[[], Sequence[PoolingModel]]) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per pooling model of each gauge."""
+        queue = GaugeMetricFamily("te_queue_size", "Inputs waiting for a forward",
+                                  labels=("model", "engine"))
+        batch = GaugeMetricFamily("te_batch_current_size", "Inputs in the running forward",
+                                  labels=("model", "engine"))
+        for model in self._models():
+            stats = model.engine.stats()
+            labels = [model.name, model.engine_spec.name]
+            queue.add_metric(labels, stats.waiting)
+            batch.add_metric(labels, stats.running)
+        yield queue
+        yield batch
