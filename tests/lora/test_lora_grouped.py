@@ -12,7 +12,16 @@ import pytest
 import torch
 from switchyard_engine.lora.config import AdapterConfig
 from switchyard_engine.lora.folder import LoraAdapter, LoraModule
-from switchyard_engine.lora.grouped import Part, StepLora, add_looped, add_stacked, stack
+from switchyard_engine.lora.grouped import (
+    Part,
+    StepLora,
+    add_grouped,
+    add_looped,
+    add_stacked,
+    group_stack,
+    row_gather,
+    stack,
+)
 
 LAYOUT = (Part("q", 0, 8), Part("k", 8, 12), Part("v", 12, 16))
 IN = 6
@@ -71,15 +80,34 @@ def test_looped_matches_each_row_alone() -> None:
     torch.testing.assert_close(out.double(), _expected(x, GROUPS), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("looped", [False, True])
-def test_step_row_blocks_and_bf16_outputs(looped: bool) -> None:
+def test_grouped_matches_each_row_alone() -> None:
+    x = torch.randn(len(GROUPS), IN, generator=torch.Generator().manual_seed(9))
+    base = torch.randn(len(GROUPS), 16)
+    out = base.clone()
+    grouped = group_stack(ADAPTERS, LAYOUT)
+    plan = row_gather(torch.tensor(GROUPS).unsqueeze(1), len(ADAPTERS))
+    assert grouped is not None and plan is not None
+    add_grouped(x, out, grouped, plan)
+    torch.testing.assert_close((out - base).double(), _expected(x, GROUPS), atol=1e-5, rtol=1e-5)
+
+
+def test_uneven_groups_are_not_padded() -> None:
+    groups = torch.tensor([0] * 100 + [1]).unsqueeze(1)  # a long prompt beside one decode
+    assert row_gather(groups, 2) is None
+
+
+@pytest.mark.parametrize("kernel", ["grouped", "stacked", "looped"])
+def test_step_row_blocks_and_bf16_outputs(kernel: str) -> None:
     x = torch.randn(len(GROUPS), IN, generator=torch.Generator().manual_seed(4))
     step = StepLora(adapters=ADAPTERS, groups=torch.tensor(GROUPS).unsqueeze(1), stacks={},
-                    layouts={(0, "qkv"): LAYOUT}, looped=looped)
+                    layouts={(0, "qkv"): LAYOUT}, kernel=kernel)
     out = torch.zeros(len(GROUPS), 16)
     for rows in (slice(0, 4), slice(4, len(GROUPS))):  # the decoder's row blocks
         step.add_(0, "qkv", x[rows], out[rows], rows)
     step.add_(1, "qkv", x, out)  # a layer no adapter adapts: nothing added
+    torch.testing.assert_close(out.double(), _expected(x, GROUPS), atol=1e-5, rtol=1e-5)
+    out = torch.zeros(len(GROUPS), 16)
+    step.add_(0, "qkv", x, out)  # all rows at once
     torch.testing.assert_close(out.double(), _expected(x, GROUPS), atol=1e-5, rtol=1e-5)
     half = torch.zeros(len(GROUPS), 16, dtype=torch.bfloat16)
     step.add_(0, "qkv", x.bfloat16(), half)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from switchyard_spec import UnknownAdapterError
 
 from switchyard_engine.lora.folder import LoraAdapter, read_adapter
-from switchyard_engine.lora.grouped import Layout, Stacked
+from switchyard_engine.lora.grouped import Grouped, Layout, Stacked
 
 _loads = itertools.count(1)
 
@@ -59,7 +59,7 @@ class AdapterBank:
         self.max_rank = max_rank or DEFAULT_MAX_RANK
         self._names: dict[str, Handle] = {}
         self._held: OrderedDict[Handle, LoraAdapter] = OrderedDict()
-        self._stacks: OrderedDict[tuple[Handle, ...], dict[tuple[int, str], Stacked | None]] = (
+        self._stacks: OrderedDict[tuple[Handle, ...], dict[tuple[int, str], Grouped | Stacked | None]] = (
             OrderedDict())
         self._lock = threading.Lock()
         self.loads_from_disk = 0
@@ -127,7 +127,7 @@ class AdapterBank:
             self._trim(busy | {handle})
         return adapter
 
-    def stacks(self, handles: tuple[Handle, ...]) -> dict[tuple[int, str], Stacked | None]:
+    def stacks(self, handles: tuple[Handle, ...]) -> dict[tuple[int, str], Grouped | Stacked | None]:
         """The stacked matrices of a step whose groups are ``handles``, in that order (memoized).
 
         Filled lazily, projection by projection, by

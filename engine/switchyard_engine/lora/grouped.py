@@ -6,10 +6,17 @@ delta of a row in group ``g`` whose adapter adapts module ``m`` is
 ``scaling * (x @ A.T) @ B.T``, added to the columns of ``out`` that ``m``
 owns (a fused q|k|v or gate|up output holds several modules side by side).
 
-Two ways to compute it, both in fp32 whatever the base's dtype or
+Three ways to compute it, all in fp32 whatever the base's dtype or
 quantization (the delta is added to ``out`` at the end):
 
-- :func:`add_stacked` (the default): every group's A matrices are stacked
+- :func:`add_grouped` (the default): the step's rows gathered group by
+  group into a [groups, rows, in] batch (padded to the largest group), one
+  batched matmul shrinks them with each group's own A, one per module
+  expands them with its B, and the results are added back at their rows.
+  Only each row's own adapter is computed, in a handful of calls per
+  projection. A step whose groups are too uneven to pad (a long prompt
+  beside a few decodes) takes :func:`add_looped` instead.
+- :func:`add_stacked`: every group's A matrices are stacked
   into one [R, in] matrix, so the shrink is one matmul for all rows; each
   row keeps only its own group's columns (a 0/1 mask: block-diagonal by
   group), and each module's expand is one ``addmm`` over its columns. The
@@ -125,6 +132,95 @@ def add_looped(x: torch.Tensor, out: torch.Tensor, adapters: Sequence[LoraAdapte
             target.index_add_(0, index, delta.to(out.dtype))
 
 
+@dataclass(frozen=True)
+class Grouped:
+    """One projection's adapters, batched per group for :func:`add_grouped`."""
+
+    a: torch.Tensor
+    """fp32 [groups, in, R]: each group's A.T of every adapted part side by side."""
+    b: torch.Tensor
+    """fp32 [groups, R, end - start]: each group's ``(B * scaling).T`` of every part, each
+    in its part's rows and columns, zero elsewhere: one expand covers a fused output."""
+    start: int
+    end: int
+    """The output columns the adapted parts span."""
+
+
+def group_stack(adapters: Sequence[LoraAdapter], layout: Layout) -> Grouped | None:
+    """Batch ``adapters`` per group over ``layout``; None if none adapts it.
+
+    Ranks are padded to the largest of each part with zeros, and a group
+    whose adapter lacks a part has zeros there: padding adds nothing. The
+    zeros cost arithmetic in the expand (each row multiplies every part's
+    columns), which at decode sizes is cheaper than a call per part.
+    """
+    blocks: list[tuple[Part, int, list]] = []
+    for part in layout:
+        modules = [adapter.modules.get(part.module) for adapter in adapters]
+        rank = max((m.rank for m in modules if m is not None), default=0)
+        if rank:
+            blocks.append((part, rank, modules))
+    if not blocks:
+        return None
+    start, end = blocks[0][0].start, blocks[-1][0].end
+    fan_in = next(m.a.shape[1] for _, _, ms in blocks for m in ms if m is not None)
+    total = sum(rank for _, rank, _ in blocks)
+    a = torch.zeros(len(adapters), fan_in, total)
+    b = torch.zeros(len(adapters), total, end - start)
+    col = 0
+    for part, rank, modules in blocks:
+        for g, m in enumerate(modules):
+            if m is not None:
+                a[g, :, col:col + m.rank] = m.a.t()
+                b[g, col:col + m.rank, part.start - start:part.end - start] = (
+                    m.b * m.scaling).t()
+        col += rank
+    return Grouped(a=a, b=b, start=start, end=end)
+
+
+@dataclass(frozen=True)
+class RowGather:
+    """A step's rows in group order, padded to the largest group (see :func:`add_grouped`)."""
+
+    gather: torch.Tensor
+    """int64 [groups * width]: the packed row in each slot (padding slots repeat row 0)."""
+    valid: torch.Tensor
+    """int64 [n]: the slots that hold a real row, in group order."""
+    rows: torch.Tensor
+    """int64 [n]: the packed row of each of ``valid``."""
+    groups: int
+    width: int
+
+
+def row_gather(groups: torch.Tensor, count: int) -> RowGather | None:
+    """The padded gather of ``groups`` (int64 [T, 1]) over ``count`` groups; None when
+    padding would add more than half the work (then the looped path is cheaper)."""
+    flat = groups.view(-1)
+    members = [torch.nonzero(flat == g).view(-1) for g in range(count)]
+    width = max(len(m) for m in members)
+    used = sum(len(m) for m in members)
+    if count * width > 1.5 * used + 4 * count:
+        return None
+    gather = torch.zeros(count, width, dtype=torch.long)
+    slots = []
+    for g, m in enumerate(members):
+        gather[g, :len(m)] = m
+        slots.append(torch.arange(len(m)) + g * width)
+    return RowGather(gather=gather.view(-1), valid=torch.cat(slots), rows=torch.cat(members),
+                     groups=count, width=width)
+
+
+def add_grouped(x: torch.Tensor, out: torch.Tensor, grouped: Grouped, plan: RowGather) -> None:
+    """``out += delta``, each row shrunk and expanded with its own group's matrices."""
+    xs = x.index_select(0, plan.gather).float().view(plan.groups, plan.width, -1)
+    delta = torch.bmm(torch.bmm(xs, grouped.a), grouped.b).view(plan.groups * plan.width, -1)
+    if plan.valid.numel() != delta.shape[0]:  # drop the padding slots
+        delta = delta.index_select(0, plan.valid)
+    target = out if grouped.start == 0 and grouped.end == out.shape[1] else (
+        out[:, grouped.start:grouped.end])
+    target.index_add_(0, plan.rows, delta.to(out.dtype))
+
+
 @dataclass
 class StepLora:
     """A step's adapters: which group each packed row is in, and how to add their deltas.
@@ -137,30 +233,57 @@ class StepLora:
     adapters: tuple[LoraAdapter, ...]
     groups: torch.Tensor
     """int64 [T, 1]: each packed row's group (index into ``adapters``), -1 for the base."""
-    stacks: dict[tuple[int, str], Stacked | None]
+    stacks: dict[tuple[int, str], Grouped | Stacked | None]
     """Per (layer, projection): the stacked adapters (shared between steps with the same
     adapters; see :class:`~switchyard_engine.lora.bank.AdapterBank`)."""
     layouts: dict[tuple[int, str], Layout]
-    looped: bool = False
-    """Use :func:`add_looped` (the plain PyTorch-ops path) instead of :func:`add_stacked`."""
-    _rows: list[torch.Tensor] | None = field(default=None, repr=False)
+    kernel: str = "grouped"
+    """``grouped`` (:func:`add_grouped`), ``stacked`` (:func:`add_stacked`) or ``looped``
+    (:func:`add_looped`, the plain PyTorch-ops path)."""
+    _plan: RowGather | None = field(default=None, repr=False)
+    _planned: bool = field(default=False, repr=False)
+    _members: list[torch.Tensor] | None = field(default=None, repr=False)
 
     def add_(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor,
              rows: slice | None = None) -> None:
         """Add the deltas of ``projection`` in ``layer`` for rows ``rows`` of the step."""
         groups = self.groups if rows is None else self.groups[rows]
         key = (layer, projection)
-        if self.looped:
+        kernel = self.kernel
+        if kernel == "grouped":
+            if rows is not None:
+                kernel = "looped"  # a row block of a big step: its groups are uneven anyway
+            else:
+                if not self._planned:
+                    self._plan, self._planned = row_gather(groups, len(self.adapters)), True
+                if self._plan is None:
+                    kernel = "looped"
+        if kernel == "grouped":
+            assert self._plan is not None
+            grouped = self.stacks.get(key)
+            if grouped is None and key not in self.stacks:
+                layout = self.layouts.get(key)
+                grouped = self.stacks[key] = (group_stack(self.adapters, layout)
+                                              if layout else None)
+            if grouped is not None:
+                add_grouped(x, out, grouped, self._plan)  # type: ignore[arg-type]
+            return
+        if kernel == "looped":
             layout = self.layouts.get(key)
             if layout is None:
                 return
-            flat = groups.view(-1)
-            index = [torch.nonzero(flat == g).view(-1) for g in range(len(self.adapters))]
+            index = self._members if rows is None else None
+            if index is None:
+                flat = groups.view(-1)
+                index = [torch.nonzero(flat == g).view(-1) for g in range(len(self.adapters))]
+                if rows is None:
+                    self._members = index
             add_looped(x, out, self.adapters, layout, index)
             return
-        stacked = self.stacks.get(key)
-        if stacked is None and key not in self.stacks:
+        skey = (layer, projection + ":stacked")  # the same cache, its own entries
+        stacked = self.stacks.get(skey)
+        if stacked is None and skey not in self.stacks:
             layout = self.layouts.get(key)
-            stacked = self.stacks[key] = stack(self.adapters, layout) if layout else None
+            stacked = self.stacks[skey] = stack(self.adapters, layout) if layout else None
         if stacked is not None:
-            add_stacked(x, out, stacked, groups)
+            add_stacked(x, out, stacked, groups)  # type: ignore[arg-type]

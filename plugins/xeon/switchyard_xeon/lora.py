@@ -15,8 +15,9 @@ to the engine:
   group, or None for a step of base rows only, which keeps the native
   one-call layer loop.
 
-Option ``lora_kernel`` (``stacked``, the default, or ``looped``, the plain
-PyTorch-ops path per adapter) picks how the product is computed.
+Option ``lora_kernel`` (``grouped``, the default; ``stacked``; or ``looped``,
+the plain PyTorch-ops path per adapter) picks how the product is computed
+(:mod:`switchyard_engine.lora.grouped`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from switchyard_xeon.decoder import LlamaFamilyDecoder
 
 logger = logging.getLogger("switchyard.xeon")
 
-KERNELS = ("stacked", "looped")
+KERNELS = ("grouped", "stacked", "looped")
 
 
 class AdapterRows(Protocol):
@@ -51,9 +52,10 @@ class AdapterRows(Protocol):
 class XeonAdapters:
     """The engine's adapter bank, and the per-step row groups; see the module docstring."""
 
-    def __init__(self, bank: AdapterBank, looped: bool = False) -> None:
+    def __init__(self, bank: AdapterBank, kernel: str = "grouped") -> None:
         self.bank = bank
-        self.looped = looped
+        self.kernel = kernel
+        """How the product is computed: one of :data:`KERNELS`."""
 
     def admit(self, seq: AdapterRows, running: Iterable[AdapterRows]) -> bool:
         """Whether ``seq`` may join a batch of ``running`` now; sets ``seq.adapter`` if so."""
@@ -84,7 +86,7 @@ class XeonAdapters:
         return StepLora(adapters=tuple(adapters),
                         groups=torch.tensor(groups, dtype=torch.long).unsqueeze(1),
                         stacks=self.bank.stacks(tuple(order)), layouts=self.bank.layouts,
-                        looped=self.looped)
+                        kernel=self.kernel)
 
 
 def build_adapters(config: EngineConfig, model: torch.nn.Module, forward: object
@@ -94,7 +96,7 @@ def build_adapters(config: EngineConfig, model: torch.nn.Module, forward: object
     Raises EngineStartError when adapters are configured and the model does
     not run on the hand-written decoder, or one of them cannot be served.
     """
-    kernel = str(config.options.get("lora_kernel", "stacked")).strip() or "stacked"
+    kernel = str(config.options.get("lora_kernel", "grouped")).strip() or "grouped"
     if kernel not in KERNELS:
         raise EngineStartError(f"xeon option lora_kernel={kernel!r} must be one of "
                                f"{', '.join(KERNELS)}")
@@ -116,4 +118,4 @@ def build_adapters(config: EngineConfig, model: torch.nn.Module, forward: object
         logger.info("lora: %d adapters (%s), max_loras %d, max_lora_rank %d, %s product",
                     len(config.lora_adapters), ", ".join(config.lora_adapters), bank.max_loras,
                     bank.max_rank, kernel)
-    return XeonAdapters(bank, looped=kernel == "looped")
+    return XeonAdapters(bank, kernel=kernel)
