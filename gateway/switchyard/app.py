@@ -144,7 +144,8 @@ async def _load(
             continue
         log.info("model %s: served as %s", model.model_id,
                  ", ".join([model.name, *sorted(model.aliases)]))
-    if not gateway.registry.everything() and not gateway.registry.pooling_models():
+    if not (gateway.registry.everything() or gateway.registry.pooling_models()
+            or gateway.registry.remotes()):
         log.error("start-up failed: no model could be loaded (each one's reason is above)")
         return _give_up(gateway, "no model could be loaded: " + "; ".join(
             f"{name}: {why}" for name, why in gateway.registry.failed.items()), on_failure)

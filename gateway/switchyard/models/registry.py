@@ -35,8 +35,9 @@ class ModelRegistry:
         self._models: list[ServedModel] = []
         self._remotes: list[RemoteModel] = []
         self._all: list[AnyModel] = []
-        # Embedding and reranker models: their own routes, the same namespace.
-        self._pooling: dict[str, PoolingModel] = {}
+        # Embedding and reranker models: their own routes, the same namespace (TEI
+        # replicas, remote models with `api = "tei"`, among them).
+        self._pooling: dict[str, PoolingModel | RemoteModel] = {}
         self._pooling_models: list[PoolingModel] = []
         self.failed: dict[str, str] = {}
         """Name of each model that failed to load -> why (aliases included)."""
@@ -52,6 +53,13 @@ class ModelRegistry:
         Two models of a config file may share one folder under two names: the
         id then reaches the first of them.
         """
+        if isinstance(model, RemoteModel) and model.pools:  # reached by the pooling routes
+            for name in (model.name, *model.aliases):
+                if name in self._by_name or name in self._pooling:
+                    raise ValueError(f"model name {name!r} is already served")
+                self._pooling[name] = model
+            self._remotes.append(model)
+            return
         for name in (model.name, *model.aliases):
             if name in self._by_name:
                 raise ValueError(f"model name {name!r} is already served")
@@ -101,7 +109,7 @@ class ModelRegistry:
         if adapted is not None:
             return adapted
         if name in self._pooling:
-            raise validation_error(f"Model `{name}` serves {self._pooling[name].routes}, "
+            raise validation_error(f"Model `{name}` serves {_routes(self._pooling[name])}, "
                                    "not text generation", param="model")
         if name in self.failed:
             raise ApiError(503, f"Model `{name}` is not available: it failed to load: "
@@ -127,10 +135,11 @@ class ModelRegistry:
         return list(self._pooling_models)
 
     def resolve_pooling(self, name: str | None, task: PoolingTask, what: str,
-                        api: str = "openai") -> PoolingModel:
+                        api: str = "openai") -> PoolingModel | RemoteModel:
         """The pooling model for a request of an embeddings or rerank route (``what`` names
         the route's kind for errors); absent and placeholder names reach the first model of
-        the route's ``task``.
+        the route's ``task``. A TEI replica's model (a remote model with `api = "tei"`)
+        is reached by its name only, and forwarded as it is.
 
         A generation model's name is a 4xx naming what that model serves.
         """
@@ -162,3 +171,10 @@ class ModelRegistry:
     def taken(self, name: str) -> bool:
         """Whether ``name`` already reaches a model or an adapter (a new adapter may not take it)."""
         return name in self._by_name or self.adapter(name) is not None
+
+
+def _routes(model: PoolingModel | RemoteModel) -> str:
+    """The routes a pooling model serves, for error messages."""
+    if isinstance(model, RemoteModel):
+        return "embeddings or reranking on TEI's routes (/embed, /rerank, /v1/embeddings)"
+    return model.routes

@@ -29,9 +29,11 @@ class ConfigError(ValueError):
 Balancing = Literal["prefix", "load", "round-robin"]
 """How a remote model's replica is chosen: "prefix" (affinity, then load), "load" (the
 power of two choices on load alone) or "round-robin" (in turn, for comparison)."""
-UpstreamApi = Literal["tgi", "openai"]
+UpstreamApi = Literal["tgi", "openai", "tei"]
 """What a remote model's upstreams speak: "tgi" is TGI's routes and OpenAI's (TGI,
-Switchyard); "openai" is OpenAI's only (vLLM, llama.cpp's server, other compatible ones)."""
+Switchyard); "openai" is OpenAI's only (vLLM, llama.cpp's server, other compatible ones);
+"tei" is text-embeddings-inference's (an embedding or reranker model: `/embed`, `/rerank`,
+`/v1/embeddings`, ...; see docs/embeddings.md)."""
 
 
 class RemoteEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,10 +93,10 @@ def remote_entry(where: str, values: dict[str, Any], max_concurrent_requests: in
     if values.get("balancing", "prefix") not in ("prefix", "load", "round-robin"):
         raise ConfigError(f"{where}: field `balancing` must be one of prefix, load or "
                           f"round-robin, not {values['balancing']!r}")
-    if values.get("api", "tgi") not in ("tgi", "openai"):
+    if values.get("api", "tgi") not in ("tgi", "openai", "tei"):
         raise ConfigError(f"{where}: field `api` must be one of tgi (TGI's and OpenAI's routes: "
-                          f"TGI, Switchyard) or openai (OpenAI's only: vLLM...), not "
-                          f"{values['api']!r}")
+                          f"TGI, Switchyard), openai (OpenAI's only: vLLM...) or tei "
+                          f"(text-embeddings-inference), not {values['api']!r}")
     values = {"max_concurrent_requests": max_concurrent_requests, **values}
     try:
         entry = msgspec.convert(values, RemoteEntry)

@@ -114,7 +114,7 @@ async def forward(model: RemoteModel, api: Api, path: str, raw: bytes,
     Raises `ApiError` when no replica gave an answer (429 over the model's
     permits; 503 when every replica is out; 502/504 when every one tried failed).
     """
-    if api == "tgi" and not model.speaks_tgi:
+    if api == "tgi" and not (model.speaks_tgi or model.pools):  # TEI's routes are TGI-shaped
         raise refuse_tgi(model)
     model.admission.acquire()
     released = False

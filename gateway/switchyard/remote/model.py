@@ -63,6 +63,11 @@ class RemoteModel:
         """Whether the upstreams have TGI's routes (`/generate`, ...), not only OpenAI's."""
         return self.entry.api == "tgi"
 
+    @property
+    def pools(self) -> bool:
+        """Whether the upstreams serve an embedding or reranker model on TEI's routes."""
+        return self.entry.api == "tei"
+
     def upstream_model(self, replica: Replica) -> str:
         """The `model` to send `replica`: configured, else what it lists first, else its default.
 

@@ -1,7 +1,8 @@
 """Embedding routes: OpenAI's `/v1/embeddings`; TEI's `/embed`, `/embed_all`, `/similarity`.
 
 The model is the request's `model` (OpenAI) or the `X-Model` header (TEI's
-routes, as on TGI's), else the first embedding model served. OpenAI's route
+routes, as on TGI's), else the first embedding model served; a TEI replica's model
+(`api = "tei"` in the config) is forwarded to the same route of one of its replicas. OpenAI's route
 returns what sentence-transformers' `encode` returns for the folder (unit
 vectors when it ends in Normalize); TEI's `/embed` normalizes unless
 `normalize` is false, as TEI does. Errors come in each API's own format. The
@@ -11,10 +12,10 @@ rerank routes live in `routes/rerank.py`; both routers are assembled here.
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
-from litestar import Router, post
+from litestar import Request, Router, post
 from litestar.di import NamedDependency
 from litestar.params import HeaderParameter, JSONBody
 from switchyard_spec import PoolingTask
@@ -23,6 +24,7 @@ from switchyard import openapi
 from switchyard.errors import validation_error
 from switchyard.models.pooling import Pooled
 from switchyard.protocol import embeddings as emb
+from switchyard.remote.model import RemoteModel
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.errors import openai_exception_handlers, tgi_exception_handlers
@@ -31,6 +33,7 @@ from switchyard.routes.pooling_common import (
     check_encoding,
     encode,
     encoded_vector,
+    forward_tei,
     pooling_model,
     shape,
 )
@@ -51,10 +54,13 @@ GUARDS = [require_api_key, require_json]
                                           ok_description="One vector per input",
                                           errors=OPENAI_ERRORS))
 async def embeddings(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
-                     data: JSONBody[emb.EmbeddingRequest]) -> emb.EmbeddingList:
+                     data: JSONBody[emb.EmbeddingRequest],
+                     request: Request[Any, Any, Any]) -> emb.EmbeddingList:
     """One vector per input, as floats or base64 float32 (the openai SDK's default)."""
     with telemetry.pooling.observe("/v1/embeddings") as record:
         model = pooling_model(gw, data.model, PoolingTask.EMBED, record)
+        if isinstance(model, RemoteModel):
+            return await forward_tei(model, "/v1/embeddings", await request.body(), "openai")
         check_encoding(data.encoding_format)
         check_dimensions(model, data.dimensions)
         inputs = encode(model, data.input, "input", None, False, "right")
@@ -73,11 +79,13 @@ async def embeddings(gw: NamedDependency[Gateway], telemetry: NamedDependency[Te
       **openapi.documented("tgi", ok=list[list[float]], ok_description="One vector per input",
                            errors=TEI_ERRORS))
 async def embed(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
-                data: JSONBody[emb.EmbedRequest], x_model: ModelHeader = None,
-                ) -> list[list[float]]:
+                data: JSONBody[emb.EmbedRequest], request: Request[Any, Any, Any],
+                x_model: ModelHeader = None) -> list[list[float]]:
     """TEI's `/embed`: pooled vectors, normalized unless `normalize` is false."""
     with telemetry.pooling.observe("/embed") as record:
         model = pooling_model(gw, x_model, PoolingTask.EMBED, record, api="tgi")
+        if isinstance(model, RemoteModel):
+            return await forward_tei(model, "/embed", await request.body())
         check_dimensions(model, data.dimensions)
         inputs = encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
                         data.truncation_direction)
@@ -92,11 +100,13 @@ async def embed(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemet
                                           ok_description="One vector per token of each input",
                                           errors=TEI_ERRORS))
 async def embed_all(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
-                    data: JSONBody[emb.EmbedAllRequest], x_model: ModelHeader = None,
-                    ) -> list[list[list[float]]]:
+                    data: JSONBody[emb.EmbedAllRequest], request: Request[Any, Any, Any],
+                    x_model: ModelHeader = None) -> list[list[list[float]]]:
     """TEI's `/embed_all`: the backbone's last hidden state of every token, unpooled."""
     with telemetry.pooling.observe("/embed_all") as record:
         model = pooling_model(gw, x_model, PoolingTask.EMBED, record, api="tgi")
+        if isinstance(model, RemoteModel):
+            return await forward_tei(model, "/embed_all", await request.body())
         inputs = encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
                         data.truncation_direction)
         record.tokenized = time.perf_counter()
@@ -110,11 +120,13 @@ async def embed_all(gw: NamedDependency[Gateway], telemetry: NamedDependency[Tel
       **openapi.documented("tgi", ok=list[float], ok_description="One similarity per sentence",
                            errors=TEI_ERRORS))
 async def similarity(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
-                     data: JSONBody[emb.SimilarityRequest], x_model: ModelHeader = None,
-                     ) -> list[float]:
+                     data: JSONBody[emb.SimilarityRequest], request: Request[Any, Any, Any],
+                     x_model: ModelHeader = None) -> list[float]:
     """TEI's `/similarity`: the cosine similarity of `source_sentence` to each sentence."""
     with telemetry.pooling.observe("/similarity") as record:
         model = pooling_model(gw, x_model, PoolingTask.EMBED, record, api="tgi")
+        if isinstance(model, RemoteModel):
+            return await forward_tei(model, "/similarity", await request.body())
         params = data.parameters or emb.SimilarityParameters()
         if not data.inputs.sentences:
             raise validation_error("`sentences` cannot be empty", param="sentences")

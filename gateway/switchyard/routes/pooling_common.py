@@ -8,10 +8,13 @@ import base64
 from typing import Any
 
 import numpy as np
+from litestar import Response
 from switchyard_spec import PoolingTask
 
 from switchyard.errors import ApiError, validation_error
 from switchyard.models.pooling import PoolingModel
+from switchyard.remote.forward import forward
+from switchyard.remote.model import REMOTE_ENGINE, RemoteModel
 from switchyard.state import Gateway
 from switchyard.telemetry.pooling import PoolingRecord
 from switchyard.text.pooling_inputs import Encoded
@@ -21,8 +24,9 @@ DIRECTIONS = ("right", "left")
 
 
 def pooling_model(gw: Gateway, name: str | None, task: PoolingTask, record: PoolingRecord,
-                  api: str = "openai") -> PoolingModel:
-    """The model a request names, ready, of the task the route serves (else a 4xx)."""
+                  api: str = "openai") -> PoolingModel | RemoteModel:
+    """The model a request names, ready, of the task the route serves (else a 4xx); or a
+    TEI replica's model, which the route forwards (its replica checks the task)."""
     if gw.draining:
         raise ApiError(503, "The server is shutting down", "unhealthy")
     if not gw.ready:
@@ -30,6 +34,9 @@ def pooling_model(gw: Gateway, name: str | None, task: PoolingTask, record: Pool
                        "unhealthy")
     what = "embeddings" if task is PoolingTask.EMBED else "reranking"
     model = gw.registry.resolve_pooling(name, task, what, api)
+    if isinstance(model, RemoteModel):
+        record.model, record.engine = model.name, REMOTE_ENGINE
+        return model
     record.model, record.engine = model.name, model.engine_spec.name
     if model.task is not task:
         raise validation_error(f"Model `{model.name}` serves {model.routes}, not {what}",
@@ -125,3 +132,9 @@ def encoded_vector(vector: np.ndarray, encoding_format: str) -> list[float] | st
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return vector.tolist()
+
+
+async def forward_tei(model: RemoteModel, path: str, raw: bytes, api: str = "tgi") -> Response:
+    """A pooling request for a TEI replica's model, sent to the same route of one replica and
+    answered with what it answers (`remote/forward.py`: retries, permits, balancing)."""
+    return await forward(model, "openai" if api == "openai" else "tgi", path, raw, False)

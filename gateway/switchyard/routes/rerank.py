@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
-from litestar import post
+from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import HeaderParameter, JSONBody
 from switchyard_spec import PoolingTask
@@ -23,9 +23,10 @@ from switchyard import openapi
 from switchyard.errors import validation_error
 from switchyard.models.pooling import PoolingModel
 from switchyard.protocol import embeddings as emb
+from switchyard.remote.model import RemoteModel
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
-from switchyard.routes.pooling_common import DIRECTIONS, pooling_model
+from switchyard.routes.pooling_common import DIRECTIONS, forward_tei, pooling_model
 from switchyard.state import Gateway
 from switchyard.telemetry import Telemetry
 from switchyard.telemetry.pooling import PoolingRecord
@@ -69,11 +70,13 @@ def _ranked(scores: list[float]) -> list[int]:
       **openapi.documented("tgi", ok=list[emb.Rank], ok_description="Most relevant first",
                            errors=TEI_ERRORS))
 async def rerank(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemetry],
-                 data: JSONBody[emb.RerankRequest], x_model: ModelHeader = None,
-                 ) -> list[emb.Rank]:
+                 data: JSONBody[emb.RerankRequest], request: Request[Any, Any, Any],
+                 x_model: ModelHeader = None) -> list[emb.Rank]:
     """TEI's `/rerank`: `[{index, score, text?}]`, most relevant first."""
     with telemetry.pooling.observe("/rerank") as record:
         model = pooling_model(gw, x_model, PoolingTask.RERANK, record, api="tgi")
+        if isinstance(model, RemoteModel):
+            return await forward_tei(model, "/rerank", await request.body())
         scores, _ = await _scores(model, data.query, data.texts, data.truncate,
                                   data.truncation_direction, data.raw_scores, record)
         return [emb.Rank(index=i, score=scores[i],
@@ -91,6 +94,9 @@ async def document_rerank(gw: NamedDependency[Gateway], telemetry: NamedDependen
     """`results` sorted by `relevance_score`, the first `top_n` of them."""
     with telemetry.pooling.observe("/v1/rerank") as record:
         model = pooling_model(gw, data.model, PoolingTask.RERANK, record)
+        if isinstance(model, RemoteModel):  # TEI has no /v1/rerank to forward to
+            raise validation_error(f"model `{model.name}` is served by TEI replicas, which "
+                                   "rerank on /rerank only; send it there", param="model")
         if data.top_n is not None and data.top_n < 1:
             raise validation_error("`top_n` must be at least 1", param="top_n")
         texts = [d if isinstance(d, str) else d.text for d in data.documents]
