@@ -133,6 +133,10 @@ def load_pooling_model(entry: ModelEntry, plugins: PluginHost, model_id: str,
     if spec.pooling_factory is None:
         raise EngineStartError(f"model {model_id!r} is an embedding or reranker model, and "
                                f"engine {spec.name!r} serves generation only")
+    if entry.engine_process:
+        raise EngineStartError(f"model {model_id!r}: engine_process is not supported for "
+                               "embedding and reranker models (their engine runs in the "
+                               "server's process)")
     if entry.quantize is not None:
         raise EngineStartError(f"model {model_id!r}: --quantize is not supported for "
                                "embedding and reranker models")

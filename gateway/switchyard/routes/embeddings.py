@@ -63,7 +63,7 @@ async def embeddings(gw: NamedDependency[Gateway], telemetry: NamedDependency[Te
             return await forward_tei(model, "/v1/embeddings", await request.body(), "openai")
         check_encoding(data.encoding_format)
         check_dimensions(model, data.dimensions)
-        inputs = encode(model, data.input, "input", None, False, "right")
+        inputs = await encode(model, data.input, "input", None, False, "right")
         record.tokenized = time.perf_counter()
         pooled = await model.run(inputs)
         _note(record, pooled)
@@ -87,7 +87,7 @@ async def embed(gw: NamedDependency[Gateway], telemetry: NamedDependency[Telemet
         if isinstance(model, RemoteModel):
             return await forward_tei(model, "/embed", await request.body())
         check_dimensions(model, data.dimensions)
-        inputs = encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
+        inputs = await encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
                         data.truncation_direction)
         record.tokenized = time.perf_counter()
         pooled = await model.run(inputs)
@@ -107,7 +107,7 @@ async def embed_all(gw: NamedDependency[Gateway], telemetry: NamedDependency[Tel
         model = pooling_model(gw, x_model, PoolingTask.EMBED, record, api="tgi")
         if isinstance(model, RemoteModel):
             return await forward_tei(model, "/embed_all", await request.body())
-        inputs = encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
+        inputs = await encode(model, data.inputs, "inputs", data.prompt_name, data.truncate,
                         data.truncation_direction)
         record.tokenized = time.perf_counter()
         pooled = await model.run(inputs, all_tokens=True)
@@ -130,7 +130,7 @@ async def similarity(gw: NamedDependency[Gateway], telemetry: NamedDependency[Te
         params = data.parameters or emb.SimilarityParameters()
         if not data.inputs.sentences:
             raise validation_error("`sentences` cannot be empty", param="sentences")
-        inputs = encode(model, [data.inputs.source_sentence, *data.inputs.sentences], "inputs",
+        inputs = await encode(model, [data.inputs.source_sentence, *data.inputs.sentences], "inputs",
                         params.prompt_name, params.truncate, params.truncation_direction)
         record.tokenized = time.perf_counter()
         pooled = await model.run(inputs)

@@ -4,6 +4,7 @@ shaping vectors (normalization, Matryoshka `dimensions`, base64).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -19,6 +20,8 @@ from switchyard.state import Gateway
 from switchyard.telemetry.pooling import PoolingRecord
 from switchyard.text.pooling_inputs import Encoded
 
+OFF_LOOP_CHARS = 20_000
+"""Characters (or token ids) past which a request is tokenized off the event loop."""
 ENCODING_FORMATS = ("float", "base64")
 DIRECTIONS = ("right", "left")
 
@@ -64,9 +67,23 @@ def _is_id(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def encode(model: PoolingModel, value: str | list[Any], param: str, prompt_name: str | None,
-           truncate: bool | None, direction: str) -> list[Encoded]:
-    """A request's inputs as token ids: prompts first, then TEI's truncation rules."""
+async def encode(model: PoolingModel, value: str | list[Any], param: str,
+                 prompt_name: str | None, truncate: bool | None,
+                 direction: str) -> list[Encoded]:
+    """A request's inputs as token ids: prompts first, then TEI's truncation rules.
+
+    A large request is tokenized on a worker thread, so that the event loop keeps
+    serving the others meanwhile."""
+    size = len(value) if isinstance(value, str) else sum(
+        len(x) if isinstance(x, str | list) else 1 for x in value)
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(_encode, model, value, param, prompt_name, truncate,
+                                       direction)
+    return _encode(model, value, param, prompt_name, truncate, direction)
+
+
+def _encode(model: PoolingModel, value: str | list[Any], param: str, prompt_name: str | None,
+            truncate: bool | None, direction: str) -> list[Encoded]:
     texts, rows = parse_inputs(value, param)
     model.check_count(len(texts) or len(rows), param)
     if rows:

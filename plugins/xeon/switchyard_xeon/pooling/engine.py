@@ -130,8 +130,8 @@ class XeonPoolingEngine(PoolingEngine):
             except queue.Empty:
                 break
             if item is not None:
-                item.done(PoolingResult(request_id=item.request.request_id,
-                                        error="the engine shut down"))
+                _deliver(item, PoolingResult(request_id=item.request.request_id,
+                                             error="the engine shut down"))
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -176,8 +176,8 @@ class XeonPoolingEngine(PoolingEngine):
         except Exception as exc:  # answered per request; the loop carries on
             log.exception("pooling forward failed")
             for p in chunk:
-                p.done(PoolingResult(request_id=p.request.request_id,
-                                     error=f"{exc.__class__.__name__}: {exc}"))
+                _deliver(p, PoolingResult(request_id=p.request.request_id,
+                                          error=f"{exc.__class__.__name__}: {exc}"))
             return
         finally:
             self._running = 0
@@ -185,9 +185,19 @@ class XeonPoolingEngine(PoolingEngine):
         seconds = time.perf_counter() - start
         for p, out in zip(chunk, outputs, strict=True):
             values = out.contiguous().numpy().astype("<f4", copy=False)
-            p.done(PoolingResult(request_id=p.request.request_id, values=values.tobytes(),
-                                 shape=tuple(values.shape), queue_seconds=start - p.submitted,
-                                 inference_seconds=seconds))
+            _deliver(p, PoolingResult(request_id=p.request.request_id, values=values.tobytes(),
+                                      shape=tuple(values.shape),
+                                      queue_seconds=start - p.submitted,
+                                      inference_seconds=seconds))
+
+
+def _deliver(pending: _Pending, result: PoolingResult) -> None:
+    """Hand a result to its callback; a callback that raises (its event loop closed at
+    shutdown) must not end the loop that serves everyone else."""
+    try:
+        pending.done(result)
+    except Exception:
+        log.warning("a pooling result's callback failed", exc_info=True)
 
 
 def _dtype(name: str) -> torch.dtype:
