@@ -1,13 +1,11 @@
 """Bad inputs on the embedding and rerank routes: a 4xx in the route's own format, never a
 5xx; generation routes on a pooling model and pooling routes on a chat model name what the
-model serves; the te_* metrics count both outcomes per route and model."""
+model serves."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
-
-from tests.support.prometheus import Scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -100,25 +98,3 @@ def test_document_rerank_bad_input(body: dict, pooling_server) -> None:
     response = httpx.post(f"{pooling_server.url}/v1/rerank", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["type"] == "invalid_request_error"
-
-
-def test_metrics_per_route_and_model(pooling_server) -> None:
-    url = pooling_server.url
-    assert httpx.post(f"{url}/v1/embeddings", json={"model": "bert-cls", "input": "a"}) \
-        .status_code == 200
-    assert httpx.post(f"{url}/embed", headers={"X-Model": "bert-cls"},
-                      json={"inputs": ""}).status_code == 422
-    samples = Scrape.parse(httpx.get(f"{url}/metrics").text)
-    ok = {"model": "bert-cls", "engine": "xeon", "route": "/v1/embeddings"}
-    assert samples.value("te_request_success", **ok) >= 1
-    assert samples.value("te_request_input_length_count", **ok) >= 1
-    failed = {"model": "bert-cls", "engine": "xeon", "route": "/embed", "err": "validation"}
-    assert samples.value("te_request_failure", **failed) >= 1
-    assert samples.types["te_queue_size"] == "gauge"
-    assert any(n == "te_queue_size" and labels == {"model": "bert-cls", "engine": "xeon"}
-               for n, labels, _ in samples.samples)
-
-
-def test_models_lists_every_kind(pooling_server) -> None:
-    ids = {card["id"] for card in httpx.get(f"{pooling_server.url}/v1/models").json()["data"]}
-    assert {"chat", "bert-mean", "bert-cls", "decoder-last", "cross-encoder"} <= ids

@@ -8,8 +8,8 @@ names are used here, with `model`, `engine` and `route` labels, so a TEI
 dashboard reads this server's embedding traffic (and tells routes apart).
 `te_request_input_length` counts the tokens of each request. The gauges
 `te_queue_size` (inputs waiting for a forward) and `te_batch_current_size`
-(inputs in the running forward) are read from each pooling engine's `stats()`
-when scraped.
+(inputs in the running forward) and the counter `te_batch_inference_count`
+(forwards run) are read from each pooling engine's `stats()` when scraped.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from switchyard.errors import ApiError
@@ -122,10 +122,14 @@ class _PoolingGauges(Collector):
                                   labels=("model", "engine"))
         batch = GaugeMetricFamily("te_batch_current_size", "Inputs in the running forward",
                                   labels=("model", "engine"))
+        forwards = CounterMetricFamily("te_batch_inference_count", "Forwards run",
+                                       labels=("model", "engine"))
         for model in self._models():
             stats = model.engine.stats()
             labels = [model.name, model.engine_spec.name]
             queue.add_metric(labels, stats.waiting)
             batch.add_metric(labels, stats.running)
+            forwards.add_metric(labels, stats.steps)
         yield queue
         yield batch
+        yield forwards
