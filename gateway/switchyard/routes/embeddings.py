@@ -1,12 +1,13 @@
 """Embedding routes: OpenAI's `/v1/embeddings`; TEI's `/embed`, `/embed_all`, `/similarity`.
 
 The model is the request's `model` (OpenAI) or the `X-Model` header (TEI's
-routes, as on TGI's), else the first embedding model served; a TEI replica's model
-(`api = "tei"` in the config) is forwarded to the same route of one of its replicas. OpenAI's route
-returns what sentence-transformers' `encode` returns for the folder (unit
-vectors when it ends in Normalize); TEI's `/embed` normalizes unless
-`normalize` is false, as TEI does. Errors come in each API's own format. The
-rerank routes live in `routes/rerank.py`; both routers are assembled here.
+routes, as on TGI's), else the first embedding model served; a TEI replica's
+model (`api = "tei"` in the config) is forwarded to the same route of one of
+its replicas. OpenAI's route returns what sentence-transformers' `encode`
+returns for the folder (unit vectors when it ends in Normalize); TEI's `/embed`
+normalizes unless `normalize` is false, as TEI does. Errors come in each API's
+own format. The rerank routes live in `routes/rerank.py`; both routers are
+assembled here.
 """
 
 from __future__ import annotations
