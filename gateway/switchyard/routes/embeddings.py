@@ -131,7 +131,8 @@ async def similarity(gw: NamedDependency[Gateway], telemetry: NamedDependency[Te
         params = data.parameters or emb.SimilarityParameters()
         if not data.inputs.sentences:
             raise validation_error("`sentences` cannot be empty", param="sentences")
-        inputs = await encode(model, [data.inputs.source_sentence, *data.inputs.sentences], "inputs",
+        texts = [data.inputs.source_sentence, *data.inputs.sentences]
+        inputs = await encode(model, texts, "inputs",
                         params.prompt_name, params.truncate, params.truncation_direction)
         record.tokenized = time.perf_counter()
         pooled = await model.run(inputs)

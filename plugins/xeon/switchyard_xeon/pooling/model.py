@@ -36,7 +36,8 @@ class PooledModel:
         try:
             self.backbone = loader.from_pretrained(layout.backbone, dtype=dtype).eval()
         except (OSError, ValueError, KeyError) as exc:
-            raise EngineStartError(f"{layout.backbone}: cannot load a pooling model: {exc}") from exc
+            raise EngineStartError(f"{layout.backbone}: cannot load a pooling model: "
+                                   f"{exc}") from exc
         if layout.reranker and getattr(config, "num_labels", 1) != 1:
             raise EngineStartError(f"{layout.backbone}: a reranker has one label, this "
                                    f"classifier has {config.num_labels}")
@@ -51,8 +52,9 @@ class PooledModel:
             report = pack_linears(self.backbone, fuse=False)
             self.packing = report.layout if not report.reason else f"stock ({report.reason})"
         self.model_type = str(config.model_type)
-        self.pad_id = int(config.pad_token_id) if getattr(config, "pad_token_id", None) is not None \
-            else 0
+        # Padding takes the model's own id: RoBERTa's position ids count the non-padding.
+        pad = getattr(config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
         self.takes_token_types = "token_type_ids" in inspect.signature(
             self.backbone.forward).parameters
         self.dense = [_dense(layer) for layer in layout.dense]
