@@ -119,9 +119,11 @@ class PeftReference:
 
 
 def lora_engine(model_path: Path, adapters: dict[str, Path], max_loras: int = 0,
-                max_lora_rank: int = 0, **options: str):  # -> XeonEngine
+                max_lora_rank: int = 0, quantize: str | None = None, quantization=None,
+                **options: str):  # -> XeonEngine
     """A started fp32 Xeon engine serving ``adapters`` on the model (small blocks, 16-token
-    prefill chunks, as :func:`tests.support.xeon_engines.started_engine`)."""
+    prefill chunks, as :func:`tests.support.xeon_engines.started_engine`), over a
+    ``quantize``d base when given (``quantization`` is that method)."""
     from switchyard_spec import EngineConfig
     from switchyard_xeon.engine import XeonEngine
 
@@ -130,7 +132,7 @@ def lora_engine(model_path: Path, adapters: dict[str, Path], max_loras: int = 0,
     engine = XeonEngine(EngineConfig(
         model_path=str(model_path), dtype="float32", max_batch_prefill_tokens=16,
         lora_adapters={name: str(path) for name, path in adapters.items()},
-        max_loras=max_loras, max_lora_rank=max_lora_rank,
-        options={**TEST_OPTIONS, "block_size": "4", **options}))
+        max_loras=max_loras, max_lora_rank=max_lora_rank, quantize=quantize,
+        quantization=quantization, options={**TEST_OPTIONS, "block_size": "4", **options}))
     engine.start()
     return engine
