@@ -130,3 +130,39 @@ def test_inputs_and_matryoshka_shaping() -> None:
     np.testing.assert_allclose(shape(vector, False, 2), [0.6, 0.8], rtol=1e-6)
     np.testing.assert_allclose(shape(vector, True, None), vector / 13, rtol=1e-6)
     np.testing.assert_array_equal(shape(vector, False, None), vector)
+
+
+def test_transformer_module_in_a_subfolder(pooling_models: dict[str, Path],
+                                           tmp_path: Path) -> None:
+    """Older sentence-transformers folders keep the backbone and its tokenizer in
+    `0_Transformer`: both sides read them there and agree with sentence-transformers."""
+    import shutil
+
+    from tests.support.embedding_reference import assert_same_vectors, sentence_transformer
+
+    source, folder = pooling_models["bert-cls"], tmp_path / "st"
+    shutil.copytree(source, folder)
+    (folder / "0_Transformer").mkdir()
+    for path in folder.iterdir():
+        if path.is_file() and path.name not in ("modules.json", "README.md",
+                                                "config_sentence_transformers.json"):
+            path.rename(folder / "0_Transformer" / path.name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    settings = read_pooling_folder(folder)
+    assert settings.backbone == folder / "0_Transformer" and settings.max_seq_length == 64
+    tok = PoolingTokenizer(settings.backbone, 64, 0)
+    engine = make_pooling_engine(EngineConfig(model_path=str(folder), dtype="float32"))
+    engine.start()
+    try:
+        got: list[np.ndarray] = []
+        done = threading.Event()
+        encoded, = tok.texts(["query: the cat runs"])
+        engine.submit(PoolingRequest(request_id="a", token_ids=encoded.ids),
+                      lambda r: (got.append(np.frombuffer(r.values, "<f4")), done.set()))
+        assert done.wait(30)
+    finally:
+        engine.shutdown()
+    want = sentence_transformer(source).encode(["the cat runs"], prompt_name="query")
+    assert_same_vectors(np.stack(got), want)

@@ -147,7 +147,7 @@ def load_pooling_model(entry: ModelEntry, plugins: PluginHost, model_id: str,
     try:
         limit = min(v for v in (info.max_position_embeddings, folder.max_seq_length,
                                 entry.max_input_tokens or None) if v)
-        tokenizer = PoolingTokenizer(path, limit, info.vocab_size)
+        tokenizer = PoolingTokenizer(folder.backbone, limit, info.vocab_size)
         report = engine.warmup()
         batch = int(entry.engine_options.get("max_client_batch_size", MAX_CLIENT_BATCH))
     except BaseException:

@@ -33,6 +33,9 @@ class PoolingFolder:
     """The text-side settings of a pooling model."""
 
     reranker: bool
+    backbone: Path
+    """The Transformer module's folder (its config.json, weights and tokenizer): the root,
+    or a subfolder such as `0_Transformer` in older sentence-transformers folders."""
     normalize: bool = False
     """A Normalize module ends the pipeline: OpenAI's route returns unit vectors then."""
     prompts: dict[str, str] = field(default_factory=dict)
@@ -63,8 +66,9 @@ def is_pooling_folder(folder: Path) -> bool:
 
 def read_pooling_folder(folder: Path) -> PoolingFolder:
     """The settings of the pooling model in `folder` (see the module docstring)."""
-    config = _json(folder / "config.json")
     modules = _json(folder / "modules.json") if (folder / "modules.json").is_file() else []
+    backbone = _backbone(folder, modules)
+    config = {**_json(backbone / "config.json"), **_json(folder / "config.json")}
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     st_config = _json(folder / "config_sentence_transformers.json")
     matryoshka: tuple[int, ...] | None = None
@@ -79,22 +83,27 @@ def read_pooling_folder(folder: Path) -> PoolingFolder:
     return PoolingFolder(
         reranker=not modules and any(a.endswith("ForSequenceClassification")
                                      for a in config.get("architectures") or []),
+        backbone=backbone,
         normalize="Normalize" in kinds,
         prompts={k: v for k, v in (st_config.get("prompts") or {}).items() if v},
         default_prompt_name=st_config.get("default_prompt_name"),
-        max_seq_length=_max_seq_length(folder, modules),
+        max_seq_length=_max_seq_length(backbone, bool(modules)),
         matryoshka_dimensions=matryoshka,
         activation=activation,
     )
 
 
-def _max_seq_length(folder: Path, modules: list[dict[str, Any]]) -> int | None:
+def _backbone(folder: Path, modules: list[dict[str, Any]]) -> Path:
+    """The folder of the Transformer module (the root when there is none)."""
+    return next((folder / m.get("path", "") for m in modules
+                 if str(m.get("type", "")).endswith("Transformer")), folder)
+
+
+def _max_seq_length(path: Path, st_folder: bool) -> int | None:
     """The Transformer module's limit: sentence_bert_config.json's `max_seq_length`, or
     (sentence-transformers 6) its tokenizer's `model_max_length`."""
-    path = next((folder / m.get("path", "") for m in modules
-                 if str(m.get("type", "")).endswith("Transformer")), folder)
     value = _json(path / "sentence_bert_config.json").get("max_seq_length")
-    if value is None and modules:
+    if value is None and st_folder:
         value = _json(path / "tokenizer_config.json").get("model_max_length")
     # Tokenizers without a limit store a huge sentinel (1e30).
     return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
