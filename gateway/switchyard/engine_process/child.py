@@ -30,6 +30,8 @@ import msgspec
 
 from switchyard.engine_process.wire import (
     Abort,
+    AdapterCall,
+    AdapterDone,
     CheckHealth,
     Closed,
     Connection,
@@ -232,6 +234,9 @@ def _serve(conn: Connection, engine: Engine, outbox: Outbox) -> int:
             engine.abort(message.request_id)  # type: ignore[union-attr]
         elif kind is CheckHealth:
             _reply(conn, Health(ok=_healthy(engine)))
+        elif kind is AdapterCall:  # a folder read: off the loop that relays submits
+            threading.Thread(target=_adapter, args=(conn, engine, message), daemon=True,
+                             name="switchyard-adapter").start()
         elif kind is Probe:
             threading.Thread(target=_probe, args=(conn, engine, message), daemon=True,
                              name="switchyard-probe").start()
@@ -263,6 +268,18 @@ def _probe(conn: Connection, engine: Engine, message: Probe) -> None:
         log.exception("engine process %d: liveness probe raised", os.getpid())
         ok = False
     _reply(conn, Probed(call=message.call, ok=ok))
+
+
+def _adapter(conn: Connection, engine: Engine, message: AdapterCall) -> None:
+    try:
+        if message.path is None:
+            engine.unload_adapter(message.name)
+        else:
+            engine.load_adapter(message.name, message.path)
+    except Exception as exc:  # noqa: BLE001 - AdapterError and kin, re-raised by name there
+        _reply(conn, Failed(call=message.call, error_type=type(exc).__name__, message=str(exc)))
+        return
+    _reply(conn, AdapterDone(call=message.call))
 
 
 def _healthy(engine: Engine) -> bool:

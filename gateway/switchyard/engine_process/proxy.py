@@ -35,6 +35,8 @@ import msgspec
 import switchyard_spec
 from switchyard.engine_process.wire import (
     Abort,
+    AdapterCall,
+    AdapterDone,
     CheckHealth,
     Closed,
     Connection,
@@ -199,6 +201,25 @@ class EngineProcess(Engine):
         self._health_ok = bool(answer.ok)  # type: ignore[attr-defined]
         return self._health_ok
 
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter in the engine's process; a restarted process loads it again."""
+        self._adapter_call(name, path)
+        adapters = {**self._config.lora_adapters, name: path}
+        self._config = msgspec.structs.replace(self._config, lora_adapters=adapters)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload a LoRA adapter in the engine's process (and from its restarts)."""
+        adapters = {k: v for k, v in self._config.lora_adapters.items() if k != name}
+        self._config = msgspec.structs.replace(self._config, lora_adapters=adapters)
+        self._adapter_call(name, None)
+
+    def _adapter_call(self, name: str, path: str | None) -> None:
+        child = self._child
+        if not self._ready or child is None:
+            raise switchyard_spec.AdapterError(
+                f"adapter {name!r}: the engine process of model {self.model} is not running")
+        self._call(child, AdapterCall(call=next(_calls), name=name, path=path), 300.0)
+
     # ------------------------------------------------------ gateway calls
     def submit(self, request: EngineRequest, sink: EventSink) -> None:
         """Send the request to the process (a write of one frame); never waits for it."""
@@ -327,7 +348,7 @@ class EngineProcess(Engine):
                 self._stats = message.stats  # type: ignore[attr-defined]
             elif kind is Health:
                 self._health_ok = message.ok  # type: ignore[attr-defined]
-            elif kind in (Started, Warmed, Failed, Probed, Closed):
+            elif kind in (Started, Warmed, Failed, Probed, Closed, AdapterDone):
                 slot = child.pending.pop(message.call, None)  # type: ignore[attr-defined]
                 if slot is not None:
                     slot[1] = message

@@ -76,7 +76,16 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     call: int
 
 
-ToChild = Start | Warmup | Submit | Abort | Probe | CheckHealth | Shutdown
+class AdapterCall(msgspec.Struct, tag="adapter", array_like=True):
+    """Run `Engine.load_adapter(name, path)`, or `unload_adapter(name)` when `path` is None,
+    and answer `AdapterDone` (or `Failed` with the `AdapterError`)."""
+
+    call: int
+    name: str
+    path: str | None = None
+
+
+ToChild = Start | Warmup | Submit | Abort | Probe | CheckHealth | Shutdown | AdapterCall
 
 
 # ------------------------------------------------------------ engine process -> gateway
@@ -125,7 +134,11 @@ class Health(msgspec.Struct, tag="health", array_like=True):
     ok: bool
 
 
-ToParent = Started | Warmed | Failed | Probed | Closed | Events | Stats | Health
+class AdapterDone(msgspec.Struct, tag="adapter_done", array_like=True):
+    call: int
+
+
+ToParent = Started | Warmed | Failed | Probed | Closed | Events | Stats | Health | AdapterDone
 
 
 class Connection:
