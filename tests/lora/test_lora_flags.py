@@ -57,3 +57,23 @@ def test_sources_resolve_to_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(AdapterError, match="neither a folder nor in the local hub cache"):
         resolve_adapter_source("a", "nobody/no-such-adapter@main")
+
+
+def test_hub_ids_and_revisions_resolve_in_the_local_cache(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hub
+
+    commit = "a" * 40
+    repo = tmp_path / "models--org--sql"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "adapter_config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "refs" / "v2").write_text(commit)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert Path(resolve_adapter_source("org/sql", "org/sql")) == snapshot
+    assert Path(resolve_adapter_source("org/sql", "org/sql@v2")) == snapshot
+    with pytest.raises(AdapterError, match="local hub cache"):
+        resolve_adapter_source("org/sql", "org/sql@v3")
