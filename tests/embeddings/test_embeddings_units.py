@@ -166,3 +166,34 @@ def test_transformer_module_in_a_subfolder(pooling_models: dict[str, Path],
         engine.shutdown()
     want = sentence_transformer(source).encode(["the cat runs"], prompt_name="query")
     assert_same_vectors(np.stack(got), want)
+
+
+@pytest.mark.parametrize("kind", ["bert-mean", "decoder-last"])
+def test_bf16_backbone_stays_close(kind: str, pooling_models: dict[str, Path]) -> None:
+    """`dtype` bfloat16 (the default where the CPU has it): the backbone in bf16, pooling in
+    float32, within 1e-3 cosine distance of sentence-transformers in float32."""
+    from tests.support.embedding_reference import cosine_distance, sentence_transformer
+
+    model = sentence_transformer(pooling_models[kind])
+    texts = ["hello world", "the cat runs fast in the city of paris and london", "what is it"]
+    want = model.encode(texts)
+    engine = make_pooling_engine(EngineConfig(model_path=str(pooling_models[kind]),
+                                              dtype="bfloat16"))
+    assert engine.start().dtype == "bfloat16"
+    got: dict[str, np.ndarray] = {}
+    done = threading.Event()
+
+    def collect(result) -> None:
+        got[result.request_id] = np.frombuffer(result.values, "<f4")
+        if len(got) == len(texts):
+            done.set()
+
+    try:
+        for i, text in enumerate(texts):
+            ids = tuple(model.tokenizer(text)["input_ids"])
+            engine.submit(PoolingRequest(request_id=str(i), token_ids=ids), collect)
+        assert done.wait(30)
+    finally:
+        engine.shutdown()
+    for i in range(len(texts)):
+        assert cosine_distance(got[str(i)], want[i]) < 1e-3
