@@ -108,13 +108,20 @@ class PeftReference:
         ids = list(prompt)
         tokens: list[int] = []
         logprobs: list[float] = []
-        with torch.no_grad():
-            for _ in range(new):
-                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
-                token = int(logits.argmax())
-                tokens.append(token)
-                logprobs.append(float(torch.log_softmax(logits, -1)[token]))
-                ids.append(token)
+        # One thread: the tiny model gains nothing from more, and on a busy 2-core machine
+        # OpenMP threads waiting for a descheduled peer made each forward ~40x slower.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                for _ in range(new):
+                    logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                    token = int(logits.argmax())
+                    tokens.append(token)
+                    logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+                    ids.append(token)
+        finally:
+            torch.set_num_threads(threads)
         return tokens, logprobs
 
 

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from switchyard_engine.admission import make_sampler, request_problem
 from switchyard_engine.watermark import WatermarkConfig
-from switchyard_spec import EngineConfig, EngineRequest, EngineStartError, EventSink, ModelInfo
+from switchyard_spec import (
+    AdapterError,
+    EngineConfig,
+    EngineRequest,
+    EngineStartError,
+    EventSink,
+    ModelInfo,
+)
 
 from switchyard_xeon.block_manager import blocks_for
 from switchyard_xeon.kv_cache import BLOCK_SIZE
@@ -23,6 +31,9 @@ from switchyard_xeon.scheduler import (
     Limits,
 )
 from switchyard_xeon.sequence import Sequence
+
+if TYPE_CHECKING:
+    from switchyard_xeon.lora import XeonAdapters
 
 IGNORE_EOS_ENV = "TEXT_GENERATION_SERVER_IGNORE_EOS_TOKEN"
 
@@ -136,13 +147,16 @@ class Admission:
     """
 
     def __init__(self, limits: Limits, vocab_size: int, capacity_tokens: int,
-                 watermark: WatermarkConfig | None = None, takes_images: bool = False) -> None:
+                 watermark: WatermarkConfig | None = None, takes_images: bool = False,
+                 adapters: XeonAdapters | None = None) -> None:
         self.limits = limits
         self.vocab_size = vocab_size
         self.capacity_tokens = capacity_tokens
         self.watermark = watermark if watermark is not None else WatermarkConfig()
         self.takes_images = takes_images
         """Whether the model runs images (:mod:`switchyard_xeon.vision`); else they are refused."""
+        self.adapters = adapters
+        """The model's LoRA adapters; None: a request naming one is refused."""
 
     def build(self, request: EngineRequest, sink: EventSink) -> tuple[Sequence | None, str]:
         """The sequence for ``request``, or None and the reason it cannot be served."""
@@ -159,7 +173,15 @@ class Admission:
         max_length = min(n + max_new, self.limits.max_total_tokens)
         if max_length > self.capacity_tokens:
             return None, f"{max_length} tokens exceed the cache capacity ({self.capacity_tokens})"
+        lora = None
+        if request.adapter_id is not None:
+            if self.adapters is None:
+                return None, f"adapter {request.adapter_id!r}: this model serves no LoRA adapters"
+            try:  # bound now: an unload later lets this sequence finish with it
+                lora = self.adapters.bank.handle(request.adapter_id)
+            except AdapterError as exc:
+                return None, str(exc)
         ignore_eos = request.stopping.ignore_eos or ignore_eos_forced()
         seq = Sequence(request, sink, make_sampler(request, self.vocab_size, self.watermark),
-                       max_length=max_length, ignore_eos=ignore_eos)
+                       max_length=max_length, ignore_eos=ignore_eos, lora=lora)
         return seq, ""

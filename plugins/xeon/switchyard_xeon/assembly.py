@@ -59,6 +59,7 @@ from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
 from switchyard_xeon.kv_cache import PagedKVCache, cache_shape
 from switchyard_xeon.linears import PanelLinear, pack_linears, weight_memory
+from switchyard_xeon.lora import XeonAdapters, build_adapters
 from switchyard_xeon.model_paths import (
     ForwardPath,
     choose_path,
@@ -115,6 +116,7 @@ class Assembled:
     runner: ModelRunner
     scheduler: Scheduler
     admission: Admission
+    adapters: XeonAdapters | None = None
 
 
 def place_compute_thread(config: EngineConfig) -> ComputeThread:
@@ -238,9 +240,15 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
                     f"at most {speculate.verify_rows - 1} per step: the linear kernels' row "
                     f"tile" if tiles else "no row bound", speculate.max_batch)
     scheduler = Scheduler(limits, blocks, speculate, drafter)
+    # LoRA adapters run on the hand-written decoder's Python layer loop (text models only).
+    adapters = build_adapters(config, loaded.model,
+                              forward if cache is not None and kind is None else None)
+    if adapters is not None:
+        runner.adapters = adapters
+        scheduler.gate = adapters.admit
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
-                          watermark, takes_images=loaded.info.takes_images)
-    return Assembled(loaded.info, runner, scheduler, admission)
+                          watermark, takes_images=loaded.info.takes_images, adapters=adapters)
+    return Assembled(loaded.info, runner, scheduler, admission, adapters)
 
 
 def serve_gguf_blocks(config: EngineConfig, method: QuantizationMethod | None,

@@ -33,6 +33,7 @@ from collections.abc import Sequence as Seq
 from switchyard_engine.compute_loop import ComputeLoop, Step
 from switchyard_engine.sampling import SampledToken
 from switchyard_spec import (
+    AdapterError,
     EngineConfig,
     EngineRequest,
     EngineStartError,
@@ -49,6 +50,7 @@ from switchyard_xeon import assembly, machine, quantized
 from switchyard_xeon.admission import Admission
 from switchyard_xeon.events import record_results
 from switchyard_xeon.ipex_support import Acceleration
+from switchyard_xeon.lora import XeonAdapters
 from switchyard_xeon.runner import ModelRunner
 from switchyard_xeon.scheduler import Scheduler
 from switchyard_xeon.sequence import Sequence
@@ -89,6 +91,7 @@ class XeonEngine(ComputeLoop[Sequence]):
         """The CPUs (NUMA node) chosen at start; see :func:`machine.choose_cpus`."""
         self._cache_stats = CacheStats()
         self._quantization: QuantizationMethod | None = None
+        self._adapters: XeonAdapters | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
@@ -121,6 +124,7 @@ class XeonEngine(ComputeLoop[Sequence]):
         self.info = parts.info
         self._runner, self._scheduler, self._admission = (
             parts.runner, parts.scheduler, parts.admission)
+        self._adapters = parts.adapters
         return parts.info
 
     def warmup(self) -> WarmupReport:
@@ -161,6 +165,24 @@ class XeonEngine(ComputeLoop[Sequence]):
         """Stop the loop; sequences still live end with ``ABORTED``."""
         super().shutdown()
         self._runner = None
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT folder ``path`` as ``name`` (read and checked on the caller's
+        thread; nothing changes if it fails). See :mod:`switchyard_xeon.lora`."""
+        self._bank_or_refuse(name).register(name, path)
+        logger.info("lora: loaded adapter %s from %s", name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving ``name`` to new requests; running ones finish with it."""
+        self._bank_or_refuse(name).unregister(name)
+        logger.info("lora: unloaded adapter %s", name)
+
+    def _bank_or_refuse(self, name: str):  # -> AdapterBank
+        if self._adapters is None:
+            raise AdapterError(f"adapter {name!r}: this model does not serve LoRA adapters on "
+                               "the xeon engine (it needs the hand-written Llama-family "
+                               "decoder, and a started engine)")
+        return self._adapters.bank
 
     def cache_stats(self) -> CacheStats:
         """KV-cache usage, prefix-cache hits and preemptions after the last step (non-blocking)."""

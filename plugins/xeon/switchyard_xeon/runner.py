@@ -11,7 +11,7 @@ import inspect
 import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from switchyard_engine.grammar import GrammarSupport, apply_grammars, model_folder
@@ -34,6 +34,9 @@ from switchyard_xeon.decoder import PackedForward
 from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn, load_kernels
 from switchyard_xeon.kv_cache import PagedKVCache
 from switchyard_xeon.sequence import Sequence
+
+if TYPE_CHECKING:
+    from switchyard_xeon.lora import XeonAdapters
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -236,6 +239,8 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.prefill_kernel = prefill_kernel
         self.device = cache.device
+        self.adapters: XeonAdapters | None = None
+        """The engine's LoRA adapters (:mod:`switchyard_xeon.lora`); None: the model has none."""
         # Constrained decoding for this model, built when the first constrained request
         # arrives (from the folder the model was loaded from); the native kernel, where
         # it loaded, writes the masks in one pass.
@@ -365,6 +370,8 @@ class ModelRunner:
             torch.tensor(blocks, dtype=torch.long, device=self.device), spans,
             context_lens, lens, offsets, self._decode_rows(dec_rows, dec_tables, dec_lens, len(ids)),
             self._prefill_rows(pre_tables, context_lens, offsets, lens),
+            # Each row's adapter group (None when every row runs the base model).
+            self.adapters.step(seqs) if self.adapters is not None else None,
         )
         if keep is None:
             keep = last

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -113,6 +114,10 @@ class Scheduler:
         self.reserve_blocks = max(1, blocks.num_blocks // 100)
         self._steps_since_join = 0
         self._by_id: dict[str, Sequence] = {}
+        self.gate: Callable[[Sequence, list[Sequence]], bool] | None = None
+        """Whether a waiting sequence may join the running ones now, besides the cache and
+        budgets: the LoRA adapters' (:meth:`~switchyard_xeon.lora.XeonAdapters.admit`);
+        None admits everything. Admission stays FCFS: a refusal stops it for this step."""
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -278,6 +283,8 @@ class Scheduler:
             # Its whole prompt must fit now, although only the first chunk's blocks are taken.
             reserve = self.reserve_blocks * self.blocks.block_size if self.running else 0
             if self.blocks.room(seq.seq_id, hit) - reserve < len(seq.tokens):
+                break
+            if self.gate is not None and not self.gate(seq, self.running):
                 break
             n = min(len(seq.tokens) - hit.tokens, budget)
             if not self.blocks.allocate(seq.seq_id, hit, hit.tokens + n):

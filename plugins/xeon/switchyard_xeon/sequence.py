@@ -28,10 +28,12 @@ from switchyard_engine.sequence import BaseSequence
 from switchyard_engine.speculation.ngram import NgramIndex
 from switchyard_spec import ImageInput
 
-from switchyard_xeon.block_manager import BlockKeys
+from switchyard_xeon.block_manager import BlockKeys, rooted_keys
 
-if TYPE_CHECKING:  # only named in an annotation: the module stays free of torch
+if TYPE_CHECKING:  # only named in annotations: the module stays free of torch
     import torch
+    from switchyard_engine.lora.bank import Handle
+    from switchyard_engine.lora.folder import LoraAdapter
 
 _ids = itertools.count()
 
@@ -56,6 +58,11 @@ class Sequence(BaseSequence):
     None for n-gram drafts, which are kept while the target samples them."""
     ngrams: NgramIndex | None = None
     """The index its drafts come from (made at its first draft)."""
+    lora: Handle | None = None
+    """The LoRA adapter it runs with (``EngineRequest.adapter_id``, bound at submit: an
+    unload afterwards lets it finish); None for the base model."""
+    adapter: LoraAdapter | None = None
+    """The adapter's matrices, set when the scheduler admits it (``XeonAdapters.admit``)."""
     draft_limit: int = 0
     """How many tokens its next draft may have (0: the engine's ``speculate``); it grows
     after a step kept every draft and shrinks after one that did not."""
@@ -91,19 +98,25 @@ class Sequence(BaseSequence):
         return self.num_cached + self.num_scheduled == len(self.tokens) + len(self.drafts)
 
     def block_keys(self, block_size: int) -> BlockKeys | None:
-        """The extra prefix-cache key of each full block (None for a prompt without images).
+        """The extra prefix-cache key of each full block (None for a prompt without images
+        that runs on the base model).
 
         A block that covers any placeholder token of an image is keyed on that
         image's ``content_hash`` and its place in the prompt (offset and
         length), so the same text with different images parts at the image's
         first block, and blocks after it inherit the difference through the
         chained hash; blocks before the first image key on their ids alone.
+        A sequence with a LoRA adapter roots its chain on the adapter (its
+        keys and values differ from the base model's from the first token).
         """
         images = self.request.images
-        if not images:
-            return None
-        return lambda index: image_block_key(images, index * block_size,
-                                             (index + 1) * block_size)
+        keys: BlockKeys | None = None
+        if images:
+            def keys(index: int) -> bytes:
+                return image_block_key(images, index * block_size, (index + 1) * block_size)
+        if self.lora is not None:
+            return rooted_keys(keys, self.lora.cache_key)
+        return keys
 
 
 def image_block_key(images: tuple[ImageInput, ...], start: int, end: int) -> bytes:
