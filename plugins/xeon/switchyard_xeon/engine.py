@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence as Seq
 
 from switchyard_engine.compute_loop import ComputeLoop, Step
+from switchyard_engine.lora.bank import AdapterBank
 from switchyard_engine.sampling import SampledToken
 from switchyard_spec import (
     AdapterError,
@@ -177,7 +178,7 @@ class XeonEngine(ComputeLoop[Sequence]):
         self._bank_or_refuse(name).unregister(name)
         logger.info("lora: unloaded adapter %s", name)
 
-    def _bank_or_refuse(self, name: str):  # -> AdapterBank
+    def _bank_or_refuse(self, name: str) -> AdapterBank:
         if self._adapters is None:
             raise AdapterError(f"adapter {name!r}: this model does not serve LoRA adapters on "
                                "the xeon engine (it needs the hand-written Llama-family "
