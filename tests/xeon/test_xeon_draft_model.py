@@ -72,6 +72,30 @@ def test_greedy_output_is_the_targets_with_a_draft_model(default_model_path, mod
         spec.shutdown()
 
 
+def test_a_failing_draft_forward_costs_drafts_not_output(default_model_path):
+    """A draft model whose forward raises leaves every sequence's tokens as they were:
+    the steps run without drafts."""
+    plain = started_engine(default_model_path)
+    spec = started_engine(default_model_path, speculate="4",
+                          speculative_model=str(default_model_path))
+    try:
+        want = _run(plain, PROMPTS[:1])
+        drafter = spec._scheduler.drafter
+        _same(_run(spec, PROMPTS[:1]), want)  # the forward's argument name is now known
+        drafted = spec._scheduler.counters.draft_tokens
+
+        def broken(**kwargs):
+            raise RuntimeError("position out of range")
+
+        drafter.model = broken
+        _same(_run(spec, PROMPTS[:1]), want)
+        assert spec._scheduler.counters.draft_tokens == drafted
+        assert drafter._failed and not drafter._states
+    finally:
+        plain.shutdown()
+        spec.shutdown()
+
+
 def test_a_draft_with_another_vocabulary_is_refused(default_model_path, tmp_path):
     other = tmp_path / "other-vocab"
     shutil.copytree(default_model_path, other)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from switchyard_engine.sampling import warp
 from switchyard_spec import EngineStartError
 
 from switchyard_xeon.sequence import Sequence
+
+log = logging.getLogger("switchyard.xeon")
 
 OPTION = "speculative_model"
 """The engine option naming the draft model's folder."""
@@ -79,6 +82,8 @@ class DraftModel:
     """The target's vocabulary width: drafts and q stay within it."""
     method: str = "draft_model"
     _states: dict[int, _State] = field(default_factory=dict)
+    _failed: bool = False
+    """Whether a draft forward failed yet (logged once)."""
 
     @functools.cached_property
     def _cache_kwarg(self) -> str:
@@ -103,7 +108,24 @@ class DraftModel:
         return cls(model.eval(), vocab_size)
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
-        """Sample up to ``room`` drafts for ``seq``; their q rows go to ``seq.draft_probs``."""
+        """Sample up to ``room`` drafts for ``seq``; their q rows go to ``seq.draft_probs``.
+
+        A draft forward that fails (a sequence past the draft's positions, say)
+        costs the sequence its drafts for this step, never its output: its
+        draft cache is dropped and the step runs without drafts.
+        """
+        try:
+            return self._draft(seq, room)
+        except Exception:  # the drafts are an optimization: the target decides alone
+            if not self._failed:
+                log.warning("draft model forward failed; sequences draft nothing when it does",
+                            exc_info=True)
+            self._failed = True
+            self._states.pop(seq.seq_id, None)
+            seq.draft_probs = None
+            return []
+
+    def _draft(self, seq: Sequence, room: int) -> list[int]:
         from transformers import DynamicCache
 
         state = self._states.get(seq.seq_id)
