@@ -9,9 +9,15 @@ round after round, over the same 32 prompts:
 
 - ``base``: 32 streams on the base model alone (steps keep the native
   one-call layer loop);
-- ``grouped``: the same 32 streams spread over the 8 adapters (4 each), the
-  grouped product (``lora_kernel=grouped``, the default: rows gathered per
-  adapter, one batched shrink and one batched expand per module);
+- ``native``: the same 32 streams spread over the 8 adapters (4 each), the
+  native grouped product (``lora_kernel=native``, the default: each
+  adapter's rows shrunk and expanded together inside the one-call layer
+  loop, adapter weights in bf16 under bf16 dot products);
+- ``native-fp32``: the same with the adapter weights held in fp32 (option
+  ``lora_dtype=float32``; only where the engine's default is bf16);
+- ``grouped``: the grouped product in PyTorch ops on the Python layer loop
+  (``lora_kernel=grouped``: rows gathered per adapter, one batched shrink
+  and one batched expand per module);
 - ``stacked``: the same with ``lora_kernel=stacked`` (one shrink over every
   adapter's A, a per-row mask, one expand per module);
 - ``looped``: the same, the plain PyTorch-ops path (``lora_kernel=looped``:
@@ -24,8 +30,8 @@ phase, the best of ``--rounds``, and the ratios to ``base``.
 
 At decode the adapters' matrices are read once per step for the rows that
 use them: 8 adapters of rank 16 on every projection of a 135M model are 39 M
-fp32 numbers (156 MB) against the base's 135 M bf16 weights (270 MB), so
-their cost is mostly memory traffic, whatever computes the product.
+numbers (156 MB in fp32, 78 MB in bf16) against the base's 135 M bf16
+weights (270 MB).
 
 Usage: python benchmarks/lora.py [--rounds 2] [--new-tokens 64] [--rank 16]
                                  [--targets q_proj,v_proj]
@@ -124,20 +130,26 @@ def main() -> None:
         spread = [names[i % len(names)] for i in range(args.streams)]
         adapters = engine._adapters  # the lora_kernel option's switch, flipped between phases
         assert adapters is not None
+        native_dtype = adapters.dtype
+        phases = ["base", "native", "grouped", "stacked", "looped"]
+        if native_dtype != torch.float32:
+            phases.insert(2, "native-fp32")
         best: dict[str, float] = {}
         for r in range(args.rounds):
-            for phase, rows in (("base", base), ("grouped", spread), ("stacked", spread),
-                                ("looped", spread)):
-                adapters.kernel = "grouped" if phase == "base" else phase
+            for phase in phases:
+                adapters.kernel = phase.removesuffix("-fp32")
+                adapters.dtype = torch.float32 if phase == "native-fp32" else native_dtype
+                rows = base if phase == "base" else spread
                 tps = run_phase(engine, prompts, rows, args.new_tokens, f"{phase}{r}")
                 best[phase] = max(best.get(phase, 0.0), tps)
-                print(f"round {r + 1} {phase:7s} {tps:8.1f} tokens/s", flush=True)
+                print(f"round {r + 1} {phase:11s} {tps:8.1f} tokens/s", flush=True)
         engine.shutdown()
     print(f"\n{info.model_type} {info.dtype}, {args.streams} streams x {args.new_tokens} tokens, "
-          f"{args.adapters} adapters of rank {args.rank} on {', '.join(targets)}")
-    print(f"base alone:               {best['base']:8.1f} tokens/s")
-    for kernel in ("grouped", "stacked", "looped"):
-        print(f"over {args.adapters} adapters, {kernel + ':':8s} {best[kernel]:8.1f} tokens/s "
+          f"{args.adapters} adapters of rank {args.rank} on {', '.join(targets)}; native "
+          f"adapter weights {str(native_dtype).removeprefix('torch.')}")
+    print(f"base alone:                   {best['base']:8.1f} tokens/s")
+    for kernel in phases[1:]:
+        print(f"over {args.adapters} adapters, {kernel + ':':12s} {best[kernel]:8.1f} tokens/s "
               f"({best[kernel] / best['base']:.2f} of base)")
 
 

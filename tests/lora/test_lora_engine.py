@@ -5,7 +5,10 @@ targets as a list or a regex, rank/alpha patterns, rsLoRA) gives PEFT's
 greedy tokens, with log-probabilities within 1e-4 (fp32); the base model's
 output is PEFT's base model's while adapters are loaded; a batch of 32
 streams mixing 4 adapters and the base gives each its own tokens; the prefix
-cache never shares blocks across adapters.
+cache never shares blocks across adapters. The engine's tests run three
+times: on the native product (the default) with decode steps on the one-call
+layer loop (panel linears), on the native product in the Python layer loop,
+and on the grouped product in PyTorch ops.
 """
 
 from __future__ import annotations
@@ -15,15 +18,29 @@ from pathlib import Path
 import pytest
 from switchyard_spec import AdapterError, EngineStartError
 
+from tests.support import kernel_paths
 from tests.support.engine_requests import Collector, greedy_request, prompt_of, token_ids
 from tests.support.lora_adapters import ADAPTERS, PeftReference, lora_engine
 
 NEW = 6
 
 
-@pytest.fixture(scope="module")
-def engine(default_model_path: Path, adapter_dirs: dict[str, Path]):
-    engine = lora_engine(default_model_path, adapter_dirs)
+SET_UPS = {
+    "native": {"lora_kernel": "native", "linears": "panel"},
+    "native-python-loop": {"lora_kernel": "native", "forward": "decoder"},
+    "grouped": {"lora_kernel": "grouped"},
+}
+
+
+@pytest.fixture(scope="module", params=list(SET_UPS))
+def engine(request, default_model_path: Path, adapter_dirs: dict[str, Path]):
+    if request.param.startswith("native"):
+        kernel_paths.require("lora")
+    if request.param == "native":
+        kernel_paths.require("decode_layers")
+    engine = lora_engine(default_model_path, adapter_dirs, **SET_UPS[request.param])
+    assert engine._adapters.kernel == SET_UPS[request.param]["lora_kernel"]
+    assert (engine._runner._forward.native is not None) == (request.param == "native")
     yield engine
     engine.shutdown()
 
@@ -65,6 +82,31 @@ def test_a_mixed_batch_of_32_streams_gives_each_its_own_tokens(
         want_tokens, want_logprobs = peft_reference.greedy(prompt, NEW, adapter)
         assert tokens == want_tokens, adapter
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+
+
+def test_native_adapter_rows_decode_on_the_one_call_layer_loop(
+        engine, peft_reference: PeftReference, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the native product and the one-call loop, a decode step's adapter rows never
+    take the Python layer loop (the other set-ups' do: the control)."""
+    forward = engine._runner._forward
+    python_decodes = []
+    layers = forward._layers
+
+    def counting(h, residual, cos, sin, step, decode):
+        if decode is not None:
+            python_decodes.append(step.lora is not None)
+        return layers(h, residual, cos, sin, step, decode)
+
+    monkeypatch.setattr(forward, "_layers", counting)
+    prompts = [(prompt_of(6, start=11), "all-r8"), (prompt_of(8, start=2), "attn-r4"),
+               (prompt_of(7, start=30), None)]
+    for (prompt, adapter), (tokens, _, _) in zip(prompts, _run(engine, prompts, tag="loop"),
+                                                  strict=True):
+        assert tokens == peft_reference.greedy(prompt, NEW, adapter)[0]
+    if forward.native is not None:
+        assert python_decodes == []
+    else:
+        assert any(python_decodes)
 
 
 def test_the_prefix_cache_keys_on_the_adapter(engine, peft_reference: PeftReference) -> None:
@@ -133,3 +175,39 @@ def test_start_refuses_an_adapter_over_the_rank_limit(default_model_path: Path,
                                                       adapter_dirs: dict[str, Path]) -> None:
     with pytest.raises(EngineStartError, match="greater than max_lora_rank 8"):
         lora_engine(default_model_path, {"big": adapter_dirs["kv-o-r16"]}, max_lora_rank=8)
+
+
+def test_bf16_dot_products_with_bf16_adapters_give_peft_tokens_within_bf16_ties(
+        default_model_path: Path, adapter_dirs: dict[str, Path]) -> None:
+    """``--dtype bfloat16`` on the bf16 dot-product panels holds adapters in bf16 (native
+    product, one-call loop). Reference: PEFT with every weight, A and B included, rounded
+    to bf16, in fp32 math; teacher-forced within bf16's near ties."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.support.greedy import BF16_TIE, assert_greedy_near
+
+    kernel_paths.require("lora")
+    kernel_paths.require("panel_dot bf16")
+    names = ["all-r8", "kv-o-r16"]
+    engine = lora_engine(default_model_path, {n: adapter_dirs[n] for n in names},
+                         dtype="bfloat16")
+    try:
+        assert engine._adapters.kernel == "native"
+        assert engine._adapters.dtype == torch.bfloat16
+        assert engine._runner._forward.native is not None
+        prompts = [(prompt_of(9, start=17), n) for n in names]
+        got = [tokens for tokens, _, _ in _run(engine, prompts, tag="bf16")]
+    finally:
+        engine.shutdown()
+    for (prompt, name), tokens in zip(prompts, got, strict=True):
+        base = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, adapter_dirs[name]).eval()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.bfloat16().float())
+        assert_greedy_near(model, [prompt], [tokens], NEW, tol=BF16_TIE)
+        with torch.no_grad(), model.disable_adapter():  # the adapter matters here
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+        assert logits.argmax(-1).tolist() != tokens

@@ -37,6 +37,8 @@ PATHS = (
                "any x86-64 build"),
     KernelPath("decode_layers", "every decoder layer of a decode step in one call "
                "(kernels/decode_layers.cpp)", "any x86-64 build"),
+    KernelPath("lora", "each row's LoRA adapter, grouped shrink/expand (kernels/lora.cpp)",
+               "any x86-64 build", twin="grouped PyTorch ops"),
     KernelPath("panel_gemm fp32", "fp32 panel GEMM, 6x16 micro-kernel (kernels/panel_gemm.cpp)",
                "AVX2 + FMA (scalar loop otherwise)"),
     KernelPath("panel_gemm bf16-stored", "the fp32 panel GEMM over weights stored as bf16, "
@@ -88,6 +90,7 @@ def unavailable(name: str) -> str:
         "paged_prefill": status.prefill is not None,
         "fused_ops": status.fused is not None,
         "decode_layers": status.fused is not None and hasattr(ops, "decode_layers"),
+        "lora": hasattr(ops, "lora_add_"),
         "panel_gemm fp32": hasattr(ops, "panel_linear"),
         "panel_gemm bf16-stored": hasattr(ops, "panel_linear"),
         "panel_dot bf16": status.bf16_dot,

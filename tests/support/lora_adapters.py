@@ -127,8 +127,8 @@ class PeftReference:
 
 def lora_engine(model_path: Path, adapters: dict[str, Path], max_loras: int = 0,
                 max_lora_rank: int = 0, quantize: str | None = None, quantization=None,
-                **options: str):  # -> XeonEngine
-    """A started fp32 Xeon engine serving ``adapters`` on the model (small blocks, 16-token
+                dtype: str = "float32", **options: str):  # -> XeonEngine
+    """A started Xeon engine (fp32 unless ``dtype``) serving ``adapters`` on the model (small blocks, 16-token
     prefill chunks, as :func:`tests.support.xeon_engines.started_engine`), over a
     ``quantize``d base when given (``quantization`` is that method)."""
     from switchyard_spec import EngineConfig
@@ -137,7 +137,7 @@ def lora_engine(model_path: Path, adapters: dict[str, Path], max_loras: int = 0,
     from tests.support.xeon_options import TEST_OPTIONS
 
     engine = XeonEngine(EngineConfig(
-        model_path=str(model_path), dtype="float32", max_batch_prefill_tokens=16,
+        model_path=str(model_path), dtype=dtype, max_batch_prefill_tokens=16,
         lora_adapters={name: str(path) for name, path in adapters.items()},
         max_loras=max_loras, max_lora_rank=max_lora_rank, quantize=quantize,
         quantization=quantization, options={**TEST_OPTIONS, "block_size": "4", **options}))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -52,6 +52,9 @@ class LoraAdapter:
     path: str
     modules: dict[str, LoraModule]
     config: AdapterConfig
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    """Forms an engine derives from the matrices (a native kernel's flat buffer), keyed by
+    the engine: they live as long as the adapter stays in memory."""
 
     @property
     def rank(self) -> int:

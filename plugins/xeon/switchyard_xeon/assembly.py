@@ -240,9 +240,11 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
                     f"at most {speculate.verify_rows - 1} per step: the linear kernels' row "
                     f"tile" if tiles else "no row bound", speculate.max_batch)
     scheduler = Scheduler(limits, blocks, speculate, drafter)
-    # LoRA adapters run on the hand-written decoder's Python layer loop (text models only).
+    # LoRA adapters run on the hand-written decoder's layer loops (text models only).
     adapters = build_adapters(config, loaded.model,
-                              forward if cache is not None and kind is None else None)
+                              forward if cache is not None and kind is None else None,
+                              fp32_activations=precision.dtype == torch.float32,
+                              bf16_dot=precision.bf16_dot)
     if adapters is not None:
         runner.adapters = adapters
         scheduler.gate = adapters.admit

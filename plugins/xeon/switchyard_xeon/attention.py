@@ -31,6 +31,7 @@ from switchyard_engine.lora.grouped import StepLora
 from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn
 from switchyard_xeon.kernels.reference import biased_attention
 from switchyard_xeon.kv_cache import PagedKVCache, context
+from switchyard_xeon.native_lora import NativeLora
 
 ATTN_NAME = "switchyard_xeon"
 STEP_KWARG = "switchyard_step"
@@ -97,7 +98,7 @@ class StepMetadata:
     decode: DecodeRows | None = None
     prefill: PrefillRows | None = None
     """Set when the engine runs the native prefill kernel: the lists' sequences, as it takes them."""
-    lora: StepLora | None = None
+    lora: StepLora | NativeLora | None = None
     """Set when any row of the step runs with a LoRA adapter: each row's group and the
     adapters' matrices (the decoder adds their deltas after each projection)."""
 

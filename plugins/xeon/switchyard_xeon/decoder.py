@@ -29,6 +29,7 @@ import torch
 from switchyard_xeon.attention import STEP_KWARG, DecodeRows, StepMetadata, attend_packed
 from switchyard_xeon.kernels import FusedOps, NativeFusedOps
 from switchyard_xeon.linears import PanelLinear, fused_module
+from switchyard_xeon.native_lora import NativeLora
 
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
 """Architectures whose layers the hand-written decoder reproduces exactly."""
@@ -196,13 +197,19 @@ class LlamaFamilyDecoder:
         # A step of decode rows only (the steady state) needs no per-sequence
         # routing: the paged kernel takes every query at once.
         decode = step.decode if step.decode is not None and step.decode.rows is None else None
-        native = self.native
-        # A step with adapter rows takes the Python loop: the native one cannot add deltas.
-        if decode is not None and native is not None and step.lora is None:
-            h = torch.ops.switchyard_xeon.decode_layers.default(
-                residual, h, cos, sin, step.slots, decode.tables, decode.lens, native.weights,
-                native.biases, step.cache.keys, step.cache.values, native.scalings,
-                native.windows, native.eps, self.heads, self.kv_heads, native.inner)
+        native, lora = self.native, step.lora
+        # Adapter rows stay on the one-call loop when their deltas are native ones.
+        if decode is not None and native is not None and (
+                lora is None or isinstance(lora, NativeLora)):
+            args = (residual, h, cos, sin, step.slots, decode.tables, decode.lens,
+                    native.weights, native.biases, step.cache.keys, step.cache.values,
+                    native.scalings, native.windows, native.eps, self.heads, self.kv_heads,
+                    native.inner)
+            if lora is None:
+                h = torch.ops.switchyard_xeon.decode_layers.default(*args)
+            else:
+                h = torch.ops.switchyard_xeon.decode_layers_lora.default(
+                    *args, lora.rows, lora.starts, lora.weights, lora.tables)
         else:
             h = self._layers(h, residual, cos, sin, step, decode)
         # Only the kept rows need the final norm and the vocabulary projection.

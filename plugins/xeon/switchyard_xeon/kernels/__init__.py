@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Eleven sources, one library per ISA level, registered as ``switchyard_xeon::*`` torch operators:
+Twelve sources, one library per ISA level, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -22,7 +22,9 @@ Eleven sources, one library per ISA level, registered as ``switchyard_xeon::*`` 
 - ``panel_quant_fma.cpp``: the same weight-only formats (int8, uint4) and
   FP8 E4M3 in fp32 math on AVX2 + FMA, for CPUs without AVX512_BF16;
 - ``decode_layers.cpp``: all decoder layers of a decode step in one call, the
-  same kernels chained from C++ (``ops.h`` declares them).
+  same kernels chained from C++ (``ops.h`` declares them), LoRA deltas included;
+- ``lora.cpp``: each row's LoRA adapter over a projection, rows grouped by
+  adapter (:mod:`switchyard_xeon.native_lora`);
 - ``token_mask.cpp``: :class:`TokenMaskFn`, constrained rows' grammar
   bitmasks written onto fp32 logits as -inf in one pass (AVX-512 masked
   stores; a bit loop elsewhere);
@@ -195,6 +197,8 @@ class KernelStatus:
     avx512-vnni (vpdpbusd) below"), checked; '' when they are missing or failed."""
     token_mask: TokenMaskFn | None = None
     """Grammar bitmasks onto fp32 logits in one pass (``token_mask.cpp``), checked."""
+    lora: bool = False
+    """The grouped LoRA product (``lora.cpp``, inside ``decode_layers`` too) passed its check."""
     variant: str = isa.NONE
     """The ISA level of the library in use (:data:`~switchyard_xeon.isa.VARIANTS`),
     or ``none``."""
@@ -271,8 +275,11 @@ def _load() -> KernelStatus:
     if mask_error:
         logger.warning("grammar token mask failed its check, not used: %s", mask_error)
         token_mask = None
+    lora_error = checks.check_lora()
+    if lora_error:
+        logger.warning("LoRA product failed its check, not used: %s", lora_error)
     return KernelStatus(op, f"native kernels for {variant.name} ({why})", NativeFusedOps(),
-                        prefill=prefill, variant=variant.name,
+                        prefill=prefill, variant=variant.name, lora=not lora_error,
                         bf16_dot=bf16_dot and not dot_error,
                         uint4_dot=uint4_dot and not uint4_error,
                         quant_fma=quant_fma and not fma_error, w8a8=w8a8,

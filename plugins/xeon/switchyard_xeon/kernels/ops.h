@@ -53,4 +53,9 @@ void rotary_store_(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
 
 at::Tensor silu_and_mul(const at::Tensor& x);
 
+// lora.cpp: out[rows] += each row's adapter delta over one projection of one layer.
+void lora_add_(const at::Tensor& x, at::Tensor& out, const at::Tensor& rows,
+               const at::Tensor& starts, at::TensorList weights, at::TensorList tables,
+               int64_t layer, int64_t projection);
+
 }  // namespace switchyard_xeon
