@@ -47,12 +47,14 @@ def _one(kind: str) -> dict:
 
 def _exposed_metrics() -> dict[str, set[str]]:
     """Every metric name the server's registry renders, with its label names, for one model
-    whose engine reports its cache in blocks (as the xeon and gaudi engines do)."""
+    whose engine reports its cache in blocks (as the xeon and gaudi engines do) and serves
+    LoRA adapters (as the xeon engine does)."""
     model = SimpleNamespace(
         name="qwen2.5-0.5b", engine_spec=SimpleNamespace(name="xeon"), warmup=None,
         engine=SimpleNamespace(stats=lambda: EngineStats(
             running=1, waiting=2, batch_tokens=32, max_batch_total_tokens=1024,
-            kv_block_size=16, kv_blocks_total=64, kv_blocks_used=2)))
+            kv_block_size=16, kv_blocks_total=64, kv_blocks_used=2, max_lora=4,
+            running_lora_adapters=("sql",), waiting_lora_adapters=("chat",))))
     text = Metrics(lambda: [model]).exposition().decode()
     names: dict[str, set[str]] = {}
     for line in text.splitlines():
@@ -174,8 +176,10 @@ def test_picker_reads_metrics_the_server_exposes():
     exposed = _exposed_metrics()
     for spec in specs.values():
         assert spec in exposed, spec
-    # The picker reads the cache config from these two label names.
+    # The picker reads the cache config from these two label names, the adapters from these.
     assert {"block_size", "num_gpu_blocks"} <= exposed[PICKER_METRICS["cacheInfoSpec"]]
+    assert {"max_lora", "running_lora_adapters", "waiting_lora_adapters"} <= exposed[
+        PICKER_METRICS["loraSpec"]]
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in plugins

@@ -426,6 +426,18 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     """Drafted tokens fed to the model, since start."""
     spec_accepted_tokens: int = 0
     """Of ``spec_draft_tokens``, those kept (each one a token the step emitted for free)."""
+    max_lora: int = 0
+    """The most LoRA adapters the engine holds ready to serve a batch (``max_loras``):
+    when that many are in use, a request for another adapter waits. 0: the engine
+    serves no adapters now (none loaded, and no sequence runs or waits with one);
+    the other ``*_lora_adapters`` fields are then empty."""
+    running_lora_adapters: tuple[str, ...] = ()
+    """Names of the adapters the running sequences use, each once, sorted (sequences
+    without an adapter add none). Cluster routers read it to send a request where its
+    adapter is already loaded."""
+    waiting_lora_adapters: tuple[str, ...] = ()
+    """Names of the adapters of the sequences waiting to be admitted, each once, sorted
+    (a name may also be in ``running_lora_adapters``)."""
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):

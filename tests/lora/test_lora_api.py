@@ -1,10 +1,10 @@
 """LoRA adapters through both APIs on a live server, with real clients, against PEFT.
 
-The server serves the test model with two adapters from `--lora-adapters`
-(and runtime loading on, behind an API key), its engine in a process of its
-own (`--engine-process`: adapters and runtime loads cross the relay). The OpenAI SDK reaches an
-adapter by `model`, `huggingface_hub.InferenceClient` by TGI's
-`parameters.adapter_id`; tokens and log-probabilities must be PEFT's
+The server (the `live` fixture of tests/lora/conftest.py) serves the test model
+with two adapters from `--lora-adapters` (and runtime loading on, behind an API
+key), its engine in a process of its own (`--engine-process`: adapters and
+runtime loads cross the relay). The OpenAI SDK reaches an adapter by `model`,
+`huggingface_hub.InferenceClient` by TGI's `parameters.adapter_id`; tokens and log-probabilities must be PEFT's
 (`PeftModel`, unmerged) for the same adapter, the reply's `model` the
 adapter's name; unknown names, bad folders and the runtime routes answer in
 each API's error format.
@@ -22,26 +22,15 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 from transformers import AutoTokenizer
 
-from tests.support.live_server import RANDOM_MODEL, start_server, stop_server
-from tests.support.lora_adapters import PeftReference, edit_config
+from tests.support.live_server import RANDOM_MODEL
+from tests.support.lora_adapters import SERVER_KEY, PeftReference, edit_config
 
-KEY = "lora-key"
+KEY = SERVER_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "The quick brown fox"
 NEW = 6
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def live(model_cache: Path, adapter_dirs: dict[str, Path], tmp_path_factory):
-    adapters = f"attn={adapter_dirs['attn-r4']},mlp={adapter_dirs['mlp-regex']}"
-    server = start_server(model_cache, tmp_path_factory.mktemp("logs"), "--dtype", "float32",
-                          "--max-total-tokens", "256", "--api-key", KEY,
-                          "--lora-adapters", adapters, "--allow-runtime-lora-updating",
-                          "--engine-process")
-    yield server
-    stop_server(server)
 
 
 @pytest.fixture(scope="module")

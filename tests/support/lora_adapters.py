@@ -47,6 +47,13 @@ ADAPTERS: dict[str, AdapterSpec] = {
 }
 
 
+SERVER_KEY = "lora-key"
+"""The API key of the LoRA tests' live server (the ``live`` fixture of ``tests/lora``)."""
+
+SERVER_ADAPTERS = {"attn": "attn-r4", "mlp": "mlp-regex"}
+"""The adapters that server serves from ``--lora-adapters``: served name -> :data:`ADAPTERS` key."""
+
+
 def _load_base(model_path: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 

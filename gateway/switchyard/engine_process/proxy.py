@@ -406,7 +406,8 @@ class EngineProcess(Engine):
         self._stats = EngineStats(running=0, waiting=0,
                                   max_batch_total_tokens=last.max_batch_total_tokens,
                                   kv_block_size=last.kv_block_size,
-                                  kv_blocks_total=last.kv_blocks_total, steps=last.steps)
+                                  kv_blocks_total=last.kv_blocks_total, steps=last.steps,
+                                  max_lora=last.max_lora)  # restarted with its adapters
         if closing or not was_serving:
             return
         if time.monotonic() - child.started_at >= STABLE_AFTER_S:

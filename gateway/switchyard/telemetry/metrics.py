@@ -30,14 +30,15 @@ Sources:
   `switchyard_warmup_duration_seconds` from the warmup report.
 
 Cluster routers (the Gateway API Inference Extension's endpoint picker) read
-three of the gauges and one info gauge, the model-server protocol's
-TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization and cache
-config (see `PICKER_METRICS` and docs/deploy.md).
+three of the gauges and two info gauges, the model-server protocol's
+TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization, cache
+config and LoRA adapters (see `PICKER_METRICS` and docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -64,14 +65,23 @@ CACHE_INFO = "switchyard_cache_config_info"
 """The info gauge (value 1) whose `block_size` and `num_gpu_blocks` labels describe the KV
 cache; the endpoint picker reads these two label names (vLLM's `vllm:cache_config_info`)."""
 
+LORA_INFO = "switchyard_lora_requests_info"
+"""The LoRA gauge of a model whose engine serves adapters: labels `max_lora` (adapters held
+ready at once), `running_lora_adapters` and `waiting_lora_adapters` (the adapters of running
+and of waiting sequences, comma-separated, empty when none); value: the Unix time of the
+engine stats it shows. The endpoint picker reads these label names (vLLM's
+`vllm:lora_requests_info`) and, of several series, the one with the latest value."""
+
 PICKER_METRICS = {
     "queuedRequestsSpec": "tgi_queue_size",
     "runningRequestsSpec": "tgi_batch_current_size",
     "kvUsageSpec": "switchyard_kv_cache_usage_ratio",
     "cacheInfoSpec": CACHE_INFO,
+    "loraSpec": LORA_INFO,
 }
 """What to give the Inference Extension's endpoint picker (its `engineConfigs` keys) to read
-this server: queued and running sequences, KV-cache utilisation (0..1), the cache config."""
+this server: queued and running sequences, KV-cache utilisation (0..1), the cache config,
+the LoRA adapters."""
 
 
 def _duration_buckets() -> tuple[float, ...]:
@@ -258,6 +268,10 @@ class _EngineGauges(Collector):
         warmup = family("switchyard_warmup_duration_seconds", "Warmup time of the engine (s)")
         info = GaugeMetricFamily(CACHE_INFO, "KV-cache configuration (labels); value 1",
                                  labels=(*LABELS, "block_size", "num_gpu_blocks"))
+        lora = GaugeMetricFamily(
+            LORA_INFO, "LoRA adapters: the most held at once, those of running and of waiting "
+            "requests (labels); value: Unix time of the engine stats",
+            labels=(*LABELS, "max_lora", "running_lora_adapters", "waiting_lora_adapters"))
         spec_labels = (*LABELS, "method")
         drafts = CounterMetricFamily(
             "switchyard_spec_decode_num_drafts", "Sequence steps that fed drafted tokens",
@@ -277,6 +291,7 @@ class _EngineGauges(Collector):
             labels = [model.name, model.engine_spec.name]
             try:
                 stats = model.engine.stats()
+                taken = time.time()
             except Exception:  # a broken engine must not break the scrape
                 log.debug("stats of %s failed", model.name, exc_info=True)
                 continue
@@ -290,6 +305,10 @@ class _EngineGauges(Collector):
             ratio.add_metric(labels, _usage(stats, cap))
             if stats.kv_blocks_total:
                 info.add_metric([*labels, str(stats.kv_block_size), str(stats.kv_blocks_total)], 1)
+            if stats.max_lora > 0:
+                adapters = [",".join(stats.running_lora_adapters),
+                            ",".join(stats.waiting_lora_adapters)]
+                lora.add_metric([*labels, str(stats.max_lora), *adapters], taken)
             if report is not None:
                 total.add_metric(labels, report.max_batch_total_tokens)
                 warmup.add_metric(labels, report.seconds)
@@ -301,7 +320,7 @@ class _EngineGauges(Collector):
                 if stats.spec_draft_tokens:  # no rate before the first draft
                     rate.add_metric(method, stats.spec_accepted_tokens / stats.spec_draft_tokens)
         yield from (queue, size, tokens, total, used, capacity, ratio, warmup, info)
-        yield from (family for family in (drafts, drafted, accepted, rate) if family.samples)
+        yield from (family for family in (lora, drafts, drafted, accepted, rate) if family.samples)
 
 
 def _usage(stats: EngineStats, capacity_tokens: int) -> float:

@@ -171,11 +171,13 @@ class XeonEngine(ComputeLoop[Sequence]):
         """Serve the PEFT folder ``path`` as ``name`` (read and checked on the caller's
         thread; nothing changes if it fails). See :mod:`switchyard_xeon.lora`."""
         self._bank_or_refuse(name).register(name, path)
+        self._wake()  # an idle loop publishes its stats again (the adapters they name)
         logger.info("lora: loaded adapter %s from %s", name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Stop serving ``name`` to new requests; running ones finish with it."""
         self._bank_or_refuse(name).unregister(name)
+        self._wake()
         logger.info("lora: unloaded adapter %s", name)
 
     def _bank_or_refuse(self, name: str) -> AdapterBank:
@@ -241,5 +243,6 @@ class XeonEngine(ComputeLoop[Sequence]):
 
     def _publish_stats(self) -> None:
         assert self._scheduler is not None
-        self._stats = engine_stats(self._scheduler, self._steps)
+        self._stats = engine_stats(self._scheduler, self._steps,
+                                   self._adapters.bank if self._adapters is not None else None)
         self._cache_stats = cache_stats(self._scheduler)

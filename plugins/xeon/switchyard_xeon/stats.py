@@ -7,11 +7,18 @@ contract has fields for them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from switchyard_spec import EngineStats
 
 from switchyard_xeon.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from switchyard_engine.lora.bank import AdapterBank
+
+    from switchyard_xeon.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,22 @@ class CacheStats:
         return self.prefix_hit_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
 
 
-def engine_stats(sched: Scheduler, steps: int) -> EngineStats:
+def engine_stats(sched: Scheduler, steps: int, bank: AdapterBank | None = None) -> EngineStats:
     """The contract's snapshot: ``batch_tokens`` counts the cache slots held by live
-    sequences (whole blocks, shared ones once); ``max_batch_total_tokens`` is the cache size."""
+    sequences (whole blocks, shared ones once); ``max_batch_total_tokens`` is the cache size.
+
+    ``bank``: the engine's LoRA adapters (None where the model cannot take any). The
+    adapter fields are filled while it serves one: an adapter is loaded, or a
+    sequence runs or waits with one (an unloaded adapter its sequences still use).
+    Taken on the compute thread, between steps, like the queues it reads."""
     blocks = sched.blocks
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    max_lora = 0
+    if bank is not None:
+        running, waiting = _adapter_names(sched.running), _adapter_names(sched.waiting)
+        if running or waiting or bank.names():
+            max_lora = bank.max_loras
     return EngineStats(
         running=len(sched.running), waiting=len(sched.waiting),
         batch_tokens=blocks.num_used_blocks * blocks.block_size,
@@ -54,7 +73,14 @@ def engine_stats(sched: Scheduler, steps: int) -> EngineStats:
         spec_method=sched.drafter.method if sched.speculate.enabled else "",
         spec_drafts=sched.counters.drafts, spec_draft_tokens=sched.counters.draft_tokens,
         spec_accepted_tokens=sched.counters.accepted_tokens,
+        max_lora=max_lora, running_lora_adapters=running, waiting_lora_adapters=waiting,
     )
+
+
+def _adapter_names(seqs: Iterable[Sequence]) -> tuple[str, ...]:
+    """The adapters' names of ``seqs``, each once, sorted (a label value that does not
+    change with the order of the queue)."""
+    return tuple(sorted({seq.lora.name for seq in seqs if seq.lora is not None}))
 
 
 def cache_stats(sched: Scheduler) -> CacheStats:
