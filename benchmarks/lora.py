@@ -15,6 +15,9 @@ round after round, over the same 32 prompts:
   loop, adapter weights in bf16 under bf16 dot products);
 - ``native-fp32``: the same with the adapter weights held in fp32 (option
   ``lora_dtype=float32``; only where the engine's default is bf16);
+- ``native-pyloop``: the native product with every step on the decoder's
+  Python layer loop (the one-call loop switched off for the phase): the
+  kernel's share of the gain, measured against ``grouped``;
 - ``grouped``: the grouped product in PyTorch ops on the Python layer loop
   (``lora_kernel=grouped``: rows gathered per adapter, one batched shrink
   and one batched expand per module);
@@ -26,7 +29,9 @@ round after round, over the same 32 prompts:
 
 Each stream generates ``--new-tokens`` tokens (EOS ignored, so every phase
 does the same work); the figure is output tokens per second of the whole
-phase, the best of ``--rounds``, and the ratios to ``base``.
+phase, the best of ``--rounds``, and the ratios to ``base``: of the best
+figures, and the median over rounds of each round's ratio to that round's
+base (steadier where the machine's speed drifts between rounds).
 
 At decode the adapters' matrices are read once per step for the rows that
 use them: 8 adapters of rank 16 on every projection of a 135M model are 39 M
@@ -34,12 +39,13 @@ numbers (156 MB in fp32, 78 MB in bf16) against the base's 135 M bf16
 weights (270 MB).
 
 Usage: python benchmarks/lora.py [--rounds 2] [--new-tokens 64] [--rank 16]
-                                 [--targets q_proj,v_proj]
+                                 [--targets q_proj,v_proj] [--phases native,looped]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import threading
 import time
@@ -114,6 +120,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help="comma-separated modules the adapters adapt")
+    ap.add_argument("--phases", default="",
+                    help="comma-separated phases after base (default: all); fewer phases "
+                         "fit more rounds, which a machine whose speed drifts needs")
     args = ap.parse_args()
     model_path = ensure_default_model()
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
@@ -131,17 +140,27 @@ def main() -> None:
         adapters = engine._adapters  # the lora_kernel option's switch, flipped between phases
         assert adapters is not None
         native_dtype = adapters.dtype
-        phases = ["base", "native", "grouped", "stacked", "looped"]
+        forward = engine._runner._forward  # its one-call loop, off for native-pyloop
+        one_call = forward.native
+        phases = ["base", "native", "native-pyloop", "grouped", "stacked", "looped"]
         if native_dtype != torch.float32:
             phases.insert(2, "native-fp32")
+        if args.phases:
+            phases = ["base", *[p for p in args.phases.split(",") if p in phases]]
         best: dict[str, float] = {}
+        ratios: dict[str, list[float]] = {}  # each round's phase against that round's base
         for r in range(args.rounds):
             for phase in phases:
-                adapters.kernel = phase.removesuffix("-fp32")
+                adapters.kernel = phase.removesuffix("-fp32").removesuffix("-pyloop")
+                forward.native = None if phase == "native-pyloop" else one_call
                 adapters.dtype = torch.float32 if phase == "native-fp32" else native_dtype
                 rows = base if phase == "base" else spread
                 tps = run_phase(engine, prompts, rows, args.new_tokens, f"{phase}{r}")
                 best[phase] = max(best.get(phase, 0.0), tps)
+                if phase == "base":
+                    round_base = tps
+                else:
+                    ratios.setdefault(phase, []).append(tps / round_base)
                 print(f"round {r + 1} {phase:11s} {tps:8.1f} tokens/s", flush=True)
         engine.shutdown()
     print(f"\n{info.model_type} {info.dtype}, {args.streams} streams x {args.new_tokens} tokens, "
@@ -149,8 +168,9 @@ def main() -> None:
           f"adapter weights {str(native_dtype).removeprefix('torch.')}")
     print(f"base alone:                   {best['base']:8.1f} tokens/s")
     for kernel in phases[1:]:
-        print(f"over {args.adapters} adapters, {kernel + ':':12s} {best[kernel]:8.1f} tokens/s "
-              f"({best[kernel] / best['base']:.2f} of base)")
+        print(f"over {args.adapters} adapters, {kernel + ':':14s} {best[kernel]:8.1f} tokens/s "
+              f"({best[kernel] / best['base']:.2f} of base's best; median of the rounds' "
+              f"ratios {statistics.median(ratios[kernel]):.2f})")
 
 
 if __name__ == "__main__":

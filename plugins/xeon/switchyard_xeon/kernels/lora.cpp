@@ -28,6 +28,11 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define SY_LORA_AVX512 1
+#endif
+
 namespace {
 
 constexpr int64_t kParts = 3;   // parts per projection in a table (q|k|v's three)
@@ -107,6 +112,85 @@ void expand(float* const* out, const W* b, int64_t rank, int64_t width, const fl
   }
 }
 
+#if SY_LORA_AVX512
+// 16 weights as fp32; the masked forms read only the lanes of `m` (zeros elsewhere).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+// Weight bytes asked for ahead of the loops' reads (the panel kernels' distance): an
+// adapter's matrices are streams of a few KB to tens of KB that the hardware
+// prefetcher does not ramp up on before they end.
+constexpr int64_t kAheadBytes = 4096;
+inline void ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_T0);
+}
+
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// shrink's contract, on AVX-512.
+template <typename W>
+void shrink512(const float* const* x, int64_t n, const W* a, int64_t rank, int64_t in,
+               float* s) {
+  const float* x0 = x[0];
+  const float* x1 = x[n > 1 ? 1 : 0];
+  const float* x2 = x[n > 2 ? 2 : 0];
+  const float* x3 = x[n > 3 ? 3 : 0];
+  const int64_t full = in & ~int64_t{15};
+  const __mmask16 tail = lanes(in - full);
+  for (int64_t r = 0; r < rank; ++r) {
+    const W* ar = a + r * in;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t k = 0; k < full; k += 16) {
+      ahead(ar + k);
+      const __m512 w = load16(ar + k);
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x0 + k), w, s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x1 + k), w, s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x2 + k), w, s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x3 + k), w, s3);
+    }
+    if (tail) {
+      const __m512 w = load16(ar + full, tail);
+      s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x0 + full), w, s0);
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x1 + full), w, s1);
+      s2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x2 + full), w, s2);
+      s3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x3 + full), w, s3);
+    }
+    const float sums[kBlock] = {_mm512_reduce_add_ps(s0), _mm512_reduce_add_ps(s1),
+                                _mm512_reduce_add_ps(s2), _mm512_reduce_add_ps(s3)};
+    for (int64_t j = 0; j < n; ++j) s[j * rank + r] = sums[j];
+  }
+}
+
+// expand's contract, on AVX-512.
+template <int N, typename W>
+void expand512(float* const* out, const W* b, int64_t rank, int64_t width, const float* s) {
+  for (int64_t c0 = 0; c0 < width; c0 += 16) {
+    const __mmask16 m = lanes(width - c0);
+    __m512 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < rank; ++r) {
+      const W* br = b + r * width + c0;
+      if ((c0 * static_cast<int64_t>(sizeof(W))) % 64 == 0) ahead(br);  // once per line
+      const __m512 w = m == 0xFFFF ? load16(br) : load16(br, m);
+      for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(s[j * rank + r]), w, acc[j]);
+    }
+    for (int j = 0; j < N; ++j) {
+      float* o = out[j] + c0;
+      _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[j]));
+    }
+  }
+}
+#endif
+
 struct Item {
   int64_t group;
   const int64_t* part;  // the table's row: a_offset, b_offset, rank, col_start, col_end
@@ -122,7 +206,9 @@ void run_item(const Item& item, const at::Tensor& x, at::Tensor& out, const int6
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   std::vector<float> s(kBlock * rank);
+#if !SY_LORA_AVX512
   Row<W> row(std::max(in, width));
+#endif
   for (int64_t first = starts[item.group]; first < starts[item.group + 1]; first += kBlock) {
     const int64_t n = std::min<int64_t>(kBlock, starts[item.group + 1] - first);
     const float* xs[kBlock];
@@ -131,6 +217,15 @@ void run_item(const Item& item, const at::Tensor& x, at::Tensor& out, const int6
       xs[j] = xp + rows[first + j] * x_stride;
       os[j] = op + rows[first + j] * out_stride + col;
     }
+#if SY_LORA_AVX512
+    shrink512(xs, n, a, rank, in, s.data());
+    switch (n) {
+      case 1: expand512<1>(os, b, rank, width, s.data()); break;
+      case 2: expand512<2>(os, b, rank, width, s.data()); break;
+      case 3: expand512<3>(os, b, rank, width, s.data()); break;
+      default: expand512<4>(os, b, rank, width, s.data()); break;
+    }
+#else
     shrink(xs, n, a, rank, in, s.data(), row);
     switch (n) {
       case 1: expand<1>(os, b, rank, width, s.data(), row); break;
@@ -138,6 +233,7 @@ void run_item(const Item& item, const at::Tensor& x, at::Tensor& out, const int6
       case 3: expand<3>(os, b, rank, width, s.data(), row); break;
       default: expand<4>(os, b, rank, width, s.data(), row); break;
     }
+#endif
   }
 }
 
