@@ -211,3 +211,26 @@ def test_bf16_dot_products_with_bf16_adapters_give_peft_tokens_within_bf16_ties(
         with torch.no_grad(), model.disable_adapter():  # the adapter matters here
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
         assert logits.argmax(-1).tolist() != tokens
+
+
+def test_drafted_tokens_of_adapter_sequences_are_verified_with_their_adapter(
+        default_model_path: Path, adapter_dirs: dict[str, Path],
+        peft_reference: PeftReference) -> None:
+    """With n-gram speculation an adapter sequence's verifying rows get its deltas (one-call
+    loop): PEFT's greedy tokens and logprobs, and drafts did run."""
+    kernel_paths.require("lora")
+    names = ["all-r8", "kv-o-r16"]
+    engine = lora_engine(default_model_path, {n: adapter_dirs[n] for n in names},
+                         linears="panel", speculate="3", speculate_ngram_min="1")
+    try:
+        # A prompt that repeats itself, so single-token n-grams find drafts.
+        prompts = [(prompt_of(4, start=21) * 3, name) for name in [*names, None]]
+        results = _run(engine, prompts, new=10, tag="spec")
+        drafts = engine.stats().spec_draft_tokens
+    finally:
+        engine.shutdown()
+    for (prompt, adapter), (tokens, logprobs, _) in zip(prompts, results, strict=True):
+        want_tokens, want_logprobs = peft_reference.greedy(prompt, 10, adapter)
+        assert tokens == want_tokens, adapter
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+    assert drafts > 0

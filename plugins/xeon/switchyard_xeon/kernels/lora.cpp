@@ -13,10 +13,13 @@
 // An item takes its rows four at a time: the shrink loads each of A's weights
 // once for the four rows' dot products, the expand each of B's once for the
 // four rows' multiply-adds; the adapter's matrices are read from memory once
-// per step for all of its rows. Weights are fp32 or bf16 (widened exactly, a
-// row at a time);
-// math and activations are fp32. The loops are plain C++ that the compiler
-// vectorizes for the build's ISA level (-O3 -ffast-math), so every level has it.
+// per step for all of its rows. Weights are fp32 or bf16 (widened exactly);
+// math and activations are fp32. AVX-512 builds run both halves on intrinsics:
+// the shrink widens each 16 weights in registers for the four rows' multiply-adds,
+// the expand keeps the four rows' sums for 16 output columns in registers over
+// every rank (each output loaded and stored once), and the weights are asked
+// for 4 KB ahead of use. Other builds (AVX2) run plain C++ loops that the compiler
+// vectorizes for their level (-O3 -ffast-math).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -116,7 +119,8 @@ void expand(float* const* out, const W* b, int64_t rank, int64_t width, const fl
 // 16 weights as fp32; the masked forms read only the lanes of `m` (zeros elsewhere).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m512i wide = _mm512_cvtepu16_epi32(half);
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -124,6 +128,7 @@ inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+
 // Weight bytes asked for ahead of the loops' reads (the panel kernels' distance): an
 // adapter's matrices are streams of a few KB to tens of KB that the hardware
 // prefetcher does not ramp up on before they end.
@@ -181,7 +186,9 @@ void expand512(float* const* out, const W* b, int64_t rank, int64_t width, const
       const W* br = b + r * width + c0;
       if ((c0 * static_cast<int64_t>(sizeof(W))) % 64 == 0) ahead(br);  // once per line
       const __m512 w = m == 0xFFFF ? load16(br) : load16(br, m);
-      for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(s[j * rank + r]), w, acc[j]);
+      for (int j = 0; j < N; ++j) {
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(s[j * rank + r]), w, acc[j]);
+      }
     }
     for (int j = 0; j < N; ++j) {
       float* o = out[j] + c0;
