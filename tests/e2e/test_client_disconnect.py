@@ -135,14 +135,14 @@ def test_a_dropped_responses_stream_leaves_the_batch_and_ends_cancelled(server):
     ("/v1/responses", RESPONSES, 4),
 ], ids=["chat", "chat-n4", "completions", "tgi-generate", "tgi-compat", "responses"])
 def test_abandoned_json_requests_leave_the_batch_at_once(server, path, body, count):
-    """A client that times out on a non-streamed request frees its batch slots at once
-    (after fewer decode steps than its MAX_NEW tokens take), is logged as dropped, never as
-    a server error, and the capacity it held serves the next request."""
+    """A client that leaves a non-streamed request while its sequences run frees their batch
+    slots at once (after fewer decode steps than its MAX_NEW tokens take), is logged as
+    dropped, never as a server error, and the capacity it held serves the next request."""
     model = "switchyard/tiny-llama-random"
     start = len(server.log())
     before = _failures(server)
     steps = decode_steps(server, model)
-    abandon(server.url, path, body, count)
+    abandon(server, path, body, count, model, sequences=int(body.get("n", 1)))
     wait_until_idle(server, model, steps)
     dropped_lines(server, start, count, int(body.get("n", 1)))
     assert "Traceback" not in server.log()[start:]

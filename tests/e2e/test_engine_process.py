@@ -218,17 +218,14 @@ def test_a_client_that_disconnects_aborts_its_sequence_in_the_engine_process(liv
     ids=["engine-process", "remote-model"])
 def test_abandoned_json_requests_are_aborted_in_the_engine_process_and_upstream(
         live, server, name, engine_model, upstream):
-    """Clients that time out on non-streamed requests: an engine process drops their
+    """Clients that leave non-streamed requests while they run: an engine process drops their
     sequences, and a remote model's replica sees its request closed and drops them too."""
     engine_server = server if upstream else live
     start = len(engine_server.log())
-    # One batch at a time: each is cut short after its clients' 0.5 s, which on a quiet
-    # machine is already some 300 decode steps of this tiny model, so two batches
-    # together could pass the one-sequence bound without anything having run on.
-    for path, body, count in (("/v1/chat/completions", {**CHAT, "model": name}, 8),
-                              ("/v1/completions", {**COMPLETION, "model": name, "n": 2}, 2)):
+    for path, body, count, n in (("/v1/chat/completions", {**CHAT, "model": name}, 8, 1),
+                                 ("/v1/completions", {**COMPLETION, "model": name, "n": 2}, 2, 2)):
         steps = decode_steps(engine_server, engine_model)
-        abandon(live.url, path, body, count)
+        abandon(live, path, body, count, engine_model, engine_server=engine_server, sequences=n)
         wait_until_idle(engine_server, engine_model, steps)
     dropped_lines(engine_server, start, 10, sequences=2)
     r = httpx.post(f"{live.url}/v1/completions", timeout=60,

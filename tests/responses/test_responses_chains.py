@@ -19,7 +19,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.abandoned import MAX_NEW, decode_steps, wait_until_idle
+from tests.support.abandoned import MAX_NEW, decode_steps, sequences_in_engine, wait_until_idle
+from tests.support.waiting import eventually
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
            "required": ["city"], "additionalProperties": False}
@@ -172,7 +173,10 @@ def test_cancel_stops_a_background_response_and_it_stays_cancelled(client, serve
     steps = decode_steps(server, model)
     r = client.responses.create(model="tgi", input="Write forever.", background=True,
                                 max_output_tokens=MAX_NEW, temperature=0)
-    time.sleep(0.3)  # the scenario: the response has been running a while when cancelled
+    # Cancelled while its sequence runs (an event, not a guessed time: a fast machine
+    # decodes MAX_NEW tokens of the tiny model in a fraction of a second).
+    eventually(lambda: sequences_in_engine(server, model) >= 1, interval=0.01,
+               what="the background response's sequence in the engine")
     done = client.responses.cancel(r.id)
     assert done.status == "cancelled"
     wait_until_idle(server, model, steps)
