@@ -33,14 +33,26 @@ SET_UPS = {
 
 
 @pytest.fixture(scope="module", params=list(SET_UPS))
-def engine(request, default_model_path: Path, adapter_dirs: dict[str, Path]):
-    if request.param.startswith("native"):
+def set_up(request) -> str:
+    """The name of the engine's set-up (a key of SET_UPS)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(set_up: str, default_model_path: Path, adapter_dirs: dict[str, Path]):
+    """The engine in ``set_up``. Each set-up pins what it checks: the product it asks for,
+    and where it names the layer loop, that loop; the grouped set-up leaves the linears (and
+    so whether base-only decode steps take the one-call loop) to the machine's default."""
+    if set_up.startswith("native"):
         kernel_paths.require("lora")
-    if request.param == "native":
+    if set_up == "native":
         kernel_paths.require("decode_layers")
-    engine = lora_engine(default_model_path, adapter_dirs, **SET_UPS[request.param])
-    assert engine._adapters.kernel == SET_UPS[request.param]["lora_kernel"]
-    assert (engine._runner._forward.native is not None) == (request.param == "native")
+    engine = lora_engine(default_model_path, adapter_dirs, **SET_UPS[set_up])
+    assert engine._adapters.kernel == SET_UPS[set_up]["lora_kernel"]
+    if set_up == "native":
+        assert engine._runner._forward.native is not None
+    if set_up == "native-python-loop":
+        assert engine._runner._forward.native is None
     yield engine
     engine.shutdown()
 
@@ -85,9 +97,11 @@ def test_a_mixed_batch_of_32_streams_gives_each_its_own_tokens(
 
 
 def test_native_adapter_rows_decode_on_the_one_call_layer_loop(
-        engine, peft_reference: PeftReference, monkeypatch: pytest.MonkeyPatch) -> None:
+        engine, set_up: str, peft_reference: PeftReference,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """With the native product and the one-call loop, a decode step's adapter rows never
-    take the Python layer loop (the other set-ups' do: the control)."""
+    take the Python layer loop; the other set-ups' do (the control), whether or not their
+    base-only steps take the one-call loop."""
     forward = engine._runner._forward
     python_decodes = []
     layers = forward._layers
@@ -103,7 +117,7 @@ def test_native_adapter_rows_decode_on_the_one_call_layer_loop(
     for (prompt, adapter), (tokens, _, _) in zip(prompts, _run(engine, prompts, tag="loop"),
                                                   strict=True):
         assert tokens == peft_reference.greedy(prompt, NEW, adapter)[0]
-    if forward.native is not None:
+    if set_up == "native":
         assert python_decodes == []
     else:
         assert any(python_decodes)
