@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from switchyard.models.loader import resolve_model_path
 from switchyard.models.random_model import RANDOM_MODEL_NAME
 from switchyard.settings import ServeSettings
 from switchyard_spec import EngineStartError
+
+from tests.support.waiting import eventually
 
 
 def _touch(folder: Path, *names: str) -> Path:
@@ -139,17 +142,27 @@ def test_a_second_preparer_waits_says_for_what_and_finds_the_folder(tmp_path, ca
         release.wait(30)
         (out / "ok").write_text("1")
 
-    first = threading.Thread(target=prepare_folder, args=(target, slow, "the slow model"))
-    first.start()
-    assert entered.wait(30)
+    def waited() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting")]
+
     caplog.set_level(logging.INFO, "switchyard.models")
-    threading.Timer(0.5, release.set).start()
-    assert prepare_folder(target, lambda out: pytest.fail("built twice"), "the slow model",
-                          timeout=30) == target
-    first.join()
-    waited = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting")]
-    assert waited == [f"waiting for process {os.getpid()}, which is preparing the slow model "
-                      f"(lock {tmp_path / '.model.lock'}), up to 30s"]
+    # Both preparers run in the pool, so that what fails in either (an assertion, the
+    # `pytest.fail`) reaches the test through its future.
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(prepare_folder, target, slow, "the slow model")
+        assert entered.wait(30)
+        second = pool.submit(prepare_folder, target, lambda out: pytest.fail("built twice"),
+                             "the slow model", timeout=30)
+        # The first finishes once the second has said it waits (an event, not a guessed time:
+        # a busy machine may take longer than any fixed delay to reach the lock).
+        try:
+            eventually(waited, timeout=30, what="the second preparer waiting on the lock")
+        finally:
+            release.set()
+        assert first.result(timeout=60) == target
+        assert second.result(timeout=60) == target
+    assert waited() == [f"waiting for process {os.getpid()}, which is preparing the slow model "
+                        f"(lock {tmp_path / '.model.lock'}), up to 30s"]
 
 
 def test_a_lock_held_too_long_is_an_error_naming_it_and_a_dead_holder_frees_it(tmp_path,

@@ -179,6 +179,8 @@ def test_the_relay_reads_sized_bodies_and_survives_a_replica_closing_idle_connec
 def test_the_relay_reports_broken_replicas_as_httpx_errors(how):
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if how == "silent":
+            # Silent past the relay's 0.3 s read timeout (a timer on the same event loop, so
+            # it fires first on any machine): the scenario.
             await asyncio.sleep(5)
         elif how == "not-http":
             writer.write(b"<html>hello</html>\r\n\r\n")

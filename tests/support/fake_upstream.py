@@ -95,7 +95,7 @@ class FakeUpstream:
             await _answer(writer, b"200 OK", b"text/event-stream" if stream else b"application/json",
                           b"<html>I am not an API</html>")
         elif self.mode == "slow":
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # never answers: outlasts any client's timeout, the scenario
         elif self.mode == "cut" and not stream:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                          b"content-length: 500\r\n\r\n{\"choices\":")
@@ -108,7 +108,7 @@ class FakeUpstream:
                 event = b"data: " + json.dumps(_TGI_EVENT if tgi else _CHUNK).encode() + b"\n\n"
                 writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                 await writer.drain()
-                await asyncio.sleep(self.gap_s)
+                await asyncio.sleep(self.gap_s)  # gaps between events: the scenario
             if self.mode == "stream":
                 done = b"data: [DONE]\n\n"
                 writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))

@@ -97,13 +97,30 @@ def test_sixteen_concurrent_requests_complete(shared_engine):
     assert stats.running == 0 and stats.waiting == 0
 
 
-def test_stats_do_not_block_while_busy(shared_engine):
+def test_stats_do_not_block_while_busy(shared_engine, monkeypatch):
     """stats() answers at once while the loop is mid-generation."""
+    # The loop is parked inside a step of the busy request's decoding, so it is mid-step
+    # when stats() is called on any machine (a guessed moment could find it finished).
+    runner = shared_engine._runner
+    original = runner.step
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(seqs):
+        if any(s.request_id == "busy" and s.generated >= 2 for s in seqs):
+            entered.set()
+            gate.wait(30)
+        return original(seqs)
+
+    monkeypatch.setattr(runner, "step", held)
     sink = Collector()
     shared_engine.submit(greedy_request("busy", prompt_of(30), 40), sink)
-    sink.wait_tokens("busy", 2)
-    done = threading.Event()
-    threading.Thread(target=lambda: (shared_engine.stats(), done.set())).start()
-    assert done.wait(2)
+    try:
+        assert entered.wait(30), "the busy request took no decode step"
+        done = threading.Event()
+        threading.Thread(target=lambda: (shared_engine.stats(), done.set()), daemon=True).start()
+        # Held for up to 30 s: an answer within 10 s did not wait for the step to end.
+        assert done.wait(10), "stats() waited for the loop's step"
+    finally:
+        gate.set()  # the shared engine goes on serving the module's other tests
+    assert len(token_ids(sink.wait("busy"))) == 40
     assert shared_engine.stats().steps > 0
-    sink.wait("busy")
