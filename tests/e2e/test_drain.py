@@ -29,8 +29,11 @@ from tests.support.prometheus import Scrape
 from tests.support.waiting import eventually
 
 NAME = "drain-test"
-MAX_INPUT, MAX_TOTAL, BATCH = 400, 512, 2
-DRAIN_TIMEOUT = 120
+MAX_INPUT, MAX_TOTAL, BATCH = 400, 2048, 2
+DRAIN_TIMEOUT = 300
+DRAIN_TOKENS = 1500
+"""Tokens of each stream the drain test sends: thousands of decode steps (a second or more
+on the fastest machine) for the dozen quick requests the test makes while they run."""
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +198,8 @@ def test_gauges_follow_queued_and_running_requests(live):
 def test_sigterm_drains_streams_then_exits(live):
     """Readiness fails and new requests get 503 at once; streams in flight (running and
     queued) still arrive whole; the process exits when the last one has finished."""
-    streams = [Stream(live.url, f"drain stream {i} " * 3, 150).start() for i in range(BATCH + 1)]
+    streams = [Stream(live.url, f"drain stream {i} " * 3, DRAIN_TOKENS).start()
+               for i in range(BATCH + 1)]
     # Whichever two the engine admitted first run; the other waits in its queue.
     _scrape_until(live.url, lambda s: s.value("tgi_batch_current_size", **LABELS) == BATCH
                   and s.value("tgi_queue_size", **LABELS) == 1, "two streams running, one queued")
@@ -223,7 +227,7 @@ def test_sigterm_drains_streams_then_exits(live):
 
     for stream in streams:
         stream.join(timeout=DRAIN_TIMEOUT)
-        assert stream.tokens == 150, stream.tokens
+        assert stream.tokens == DRAIN_TOKENS, stream.tokens
         assert stream.final is not None and isinstance(stream.final["generated_text"], str)
     last_end = max(stream.ended_at for stream in streams)  # type: ignore[type-var]
     live.process.wait(timeout=DRAIN_TIMEOUT)
