@@ -152,6 +152,13 @@ def test_engine_greedy_tokens_match_the_fp8_reference(default_model_path, tmp_pa
     with caplog.at_level(logging.INFO, logger="switchyard.xeon"):
         engine = _engine(default_model_path, tmp_path, dtype, forward=forward)
     bf16_cache = "bf16 KV cache" in caplog.text
+    if " as bfloat16" in caplog.text:
+        engine.shutdown()
+        # A CPU with bf16 under a kernel level without the bf16 dot products (the AVX2 build
+        # on an AVX512_BF16 CPU, SWITCHYARD_XEON_ISA=avx2): --dtype auto loads the model in
+        # bf16, a mode the fp32-activation twin below does not model.
+        pytest.skip("--dtype auto runs bf16 activations over the FP8 linears on this build; "
+                    "the reference twin has fp32 activations")
     reference = fp8_twin(model, calibration_prompts("fp8", default_model_path),
                          attention="bf16_kv_sdpa" if bf16_cache else "sdpa")
     try:
