@@ -102,7 +102,8 @@ def main() -> None:
               envvar=["MAX_INPUT_TOKENS", "MAX_INPUT_LENGTH"], type=int,
               default=0, help="Default: max-total-tokens - 1.")
 @click.option("--max-total-tokens", envvar="MAX_TOTAL_TOKENS", type=int, default=0,
-              help="Default: min(max_position_embeddings, 4096).")
+              help="Default: the engine's (xeon: the model's context where the KV cache "
+              "holds one sequence of it; gaudi: the model's context up to 4096).")
 @click.option("--sharded", envvar="SHARDED", type=click.BOOL, default=None,
               help="true: split the model over devices with tensor parallelism (TGI's flag).")
 @click.option("--num-shard", envvar="NUM_SHARD", type=click.IntRange(min=1), default=None,

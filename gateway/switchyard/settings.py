@@ -103,8 +103,9 @@ class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_total_tokens: int
 
 
-# TGI derives the limits from the device's memory; on a CPU we keep per-request
-# KV caches modest by default while still letting long-context models use more.
+# For an engine that does not say what it serves (ModelInfo.max_total_tokens 0): the
+# model's context, capped here. The bundled engines report theirs (the xeon engine the
+# model's whole context where its KV cache holds it, as TGI 3 and vLLM default to).
 DEFAULT_MAX_TOTAL_TOKENS = 4096
 
 
@@ -125,14 +126,18 @@ class ModelLimits(Protocol):
     def num_shard(self) -> int | None: ...
 
 
-def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int) -> TokenLimits:
-    """Fill unset limits from the model, as TGI does, and check they are coherent.
+def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int,
+                         engine_max_total: int = 0) -> TokenLimits:
+    """Fill unset limits from the engine and the model, as TGI does, and check they are coherent.
 
-    ``max_position_embeddings`` 0 means the model's config states no limit (Bloom's
-    ALiBi biases have none, MPT names it otherwise): only the default bounds it then.
+    ``engine_max_total`` is the longest sequence the engine resolved it serves
+    (``ModelInfo.max_total_tokens``): the default where ``--max-total-tokens`` is
+    unset; 0 (an engine that does not say) falls back to the model's context capped
+    at DEFAULT_MAX_TOTAL_TOKENS. ``max_position_embeddings`` 0 means the model's
+    config states no limit (Bloom's ALiBi biases have none, MPT names it otherwise).
     """
     known = max_position_embeddings > 0
-    total = settings.max_total_tokens or (
+    total = settings.max_total_tokens or engine_max_total or (
         min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS) if known
         else DEFAULT_MAX_TOTAL_TOKENS)
     inputs = settings.max_input_tokens or total - 1

@@ -388,6 +388,16 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     ``EngineRequest.images`` (a vision-language model such as Llava-Next). The
     gateway then loads the model folder's processor to prepare images, and
     refuses images for models where this is false."""
+    max_total_tokens: int = 0
+    """The longest sequence, prompt plus generated tokens, the engine serves, as it
+    resolved it: ``EngineConfig.max_total_tokens`` where that is set; otherwise the
+    model's context (``max_position_embeddings``) where the KV cache holds one
+    sequence of it, else the most it holds. The gateway enforces this when no
+    ``--max-total-tokens`` is given. 0: the engine leaves the choice to the gateway
+    (its default, the model's context capped at 4,096)."""
+    max_total_tokens_reason: str = ""
+    """Why ``max_total_tokens`` is what it is, for the start-up log ("the model's
+    context", "the KV cache holds 5,000 tokens: 40% of 96 MiB free memory")."""
 
 
 class WarmupReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -77,9 +78,9 @@ def real_server(real_model_path: Path, model_cache: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # No --model-id (an empty MODEL_ID is unset to click): the default model. fp32, as the
     # reference computes; one thread, which other work on a 2-core machine slows least.
+    # No length flags either: the model's own context is the default.
     live = start_server(model_cache, tmp_path_factory.mktemp("real-logs"), "--dtype", "float32",
-                        "--max-total-tokens", "1024", "--engine-option", "num_threads=1",
-                        env={"MODEL_ID": ""})
+                        "--engine-option", "num_threads=1", env={"MODEL_ID": ""})
     yield live
     stop_server(live)
 
@@ -139,6 +140,24 @@ def test_the_server_prepared_the_default_model_from_its_gguf(real_server, real_m
     for model_id, flag in ((gguf, None), (gguf.parent, None), (gguf.parent, GGUF_NAME)):
         assert resolve_model_path(str(model_id), gguf_file=flag) == (str(model_id),
                                                                      real_model_path)
+
+
+def test_the_models_own_context_is_served_by_default(real_server, real_model_path, client, hf):
+    """Without --max-total-tokens the limit is the model's context (its config.json, written
+    from the GGUF's context length), and an agent-sized prompt of some 6,500 tokens is
+    served, counted as the tokenizer counts it."""
+    context = json.loads((real_model_path / "config.json").read_text())["max_position_embeddings"]
+    assert context == 8192  # SmolLM2's, longer than the 4,096 the server once capped it at
+    info = httpx.get(f"{real_server.url}/info", timeout=30).json()
+    assert (info["max_total_tokens"], info["max_input_tokens"]) == (context, context - 1)
+    assert f"max_total_tokens={context} (the model's context)" in real_server.log()
+    words = " ".join(f"item{i} is {'red' if i % 3 else 'blue'}." for i in range(900))
+    messages = [{"role": "user", "content": f"{words}\nWhat colour is item 7?"}]
+    prompt_tokens = len(_chat_ids(hf, messages))
+    assert 6000 < prompt_tokens < context
+    r = client.with_options(timeout=600).chat.completions.create(
+        model=NAME, messages=messages, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens == prompt_tokens and r.usage.completion_tokens >= 1
 
 
 def test_the_default_model_answers_a_factual_question_on_the_openai_route(client):

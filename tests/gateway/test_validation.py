@@ -89,6 +89,19 @@ def test_resolve_token_limits():
     assert resolve_token_limits(ServeSettings(max_total_tokens=9000), 0).max_total_tokens == 9000
 
 
+def test_the_engines_length_is_the_default_and_the_flags_win():
+    """ModelInfo.max_total_tokens (what the engine serves) is the default; flags override it
+    and stay bounded by the model's context."""
+    limits = resolve_token_limits(ServeSettings(), 8192, engine_max_total=8192)
+    assert limits == TokenLimits(max_input_tokens=8191, max_total_tokens=8192)
+    assert resolve_token_limits(ServeSettings(), 8192, 5000).max_total_tokens == 5000
+    assert resolve_token_limits(ServeSettings(max_total_tokens=2048), 8192, 8192) == TokenLimits(
+        max_input_tokens=2047, max_total_tokens=2048)
+    assert resolve_token_limits(ServeSettings(), 8192, 0).max_total_tokens == 4096
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        resolve_token_limits(ServeSettings(max_total_tokens=9000), 8192, 8192)
+
+
 @pytest.mark.parametrize(("sharded", "num_shard", "ranks"), [
     (None, None, 1), (False, None, 1), (None, 4, 4), (True, 2, 2), (True, None, 0)])
 def test_resolve_num_shard_follows_tgi(sharded, num_shard, ranks):

@@ -230,3 +230,16 @@ def test_switchyard_warmup_plan_is_the_same_command(default_model_path):
     refused = subprocess.run([*base, "--device-memory", "1MiB"], capture_output=True,
                              text=True, timeout=120)
     assert refused.returncode == 2 and "does not fit" in refused.stderr
+
+
+def test_the_reason_for_the_longest_sequence_names_the_cap():
+    """What the engine reports with ModelInfo.max_total_tokens: the flag, the model's own
+    context where it is at most 4,096, or that context capped (every bucket compiles)."""
+    from switchyard_gaudi.limits import max_total_reason
+    from switchyard_spec import EngineConfig
+
+    assert max_total_reason(EngineConfig(model_path="x", max_total_tokens=2048),
+                            SMOL_135M) == "--max-total-tokens"
+    assert max_total_reason(EngineConfig(model_path="x"), LLAMA2_7B) == "the model's context"
+    assert max_total_reason(EngineConfig(model_path="x"), SMOL_135M).startswith(
+        "the model's context (8192) capped at 4096")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from switchyard_spec import EngineConfig, EngineStartError, ModelInfo
-from switchyard_xeon.admission import CACHE_MEMORY_FRACTION, resolve_limits
+from switchyard_xeon.admission import CACHE_MEMORY_FRACTION, max_total_reason, resolve_limits
 
 INFO = ModelInfo(model_type="llama", dtype="float32", vocab_size=100,
                  max_position_embeddings=4096, eos_token_ids=(2,), device="cpu")
@@ -37,6 +37,36 @@ def test_without_a_budget_memory_decides():
     assert "free memory" in tight.source
     _, short = _resolve(free_memory=1 * MiB)
     assert short.capacity_tokens == 4096 and "short" in short.source
+
+
+LONG = ModelInfo(model_type="llama", dtype="float32", vocab_size=100,
+                 max_position_embeddings=32768, eos_token_ids=(2,), device="cpu")
+
+
+def _resolve_long(free_memory: int, **config: object):
+    engine_config = EngineConfig(model_path="x", **config)  # type: ignore[arg-type]
+    limits, plan = resolve_limits(engine_config, LONG, 1024, free_memory, 8)
+    return limits, plan, max_total_reason(engine_config, LONG, limits, plan)
+
+
+def test_the_models_whole_context_where_the_cache_holds_one_sequence_of_it():
+    limits, plan, why = _resolve_long(64 * 1024 * MiB, max_batch_size=2)
+    assert limits.max_total_tokens == 32768 and plan.capacity_tokens == 2 * 32768
+    assert why == "the model's context"
+    # 40% of 50 MiB at 1 KiB a token: 20,480 tokens, less than one sequence of 32,768.
+    limits, plan, why = _resolve_long(50 * MiB)
+    budget = int(50 * MiB * CACHE_MEMORY_FRACTION) // 1024
+    assert limits.max_total_tokens == plan.capacity_tokens == _blocks(budget) * 16
+    assert why.startswith("less than the model's context (32768)") and "free memory" in why
+    # Shorter still: never under the old default of 4,096.
+    limits, plan, why = _resolve_long(1 * MiB)
+    assert limits.max_total_tokens == plan.capacity_tokens == 4096 and "short" in why
+
+
+def test_an_asked_for_length_is_one_sequence_whatever_the_memory():
+    limits, plan, why = _resolve_long(1 * MiB, max_total_tokens=32768)
+    assert limits.max_total_tokens == plan.capacity_tokens == 32768
+    assert why == "--max-total-tokens"
 
 
 def test_a_budget_below_the_sequence_length():

@@ -28,7 +28,7 @@ from switchyard_gaudi import attention, fp8, fp8_linears, tensor_parallel
 from switchyard_gaudi.admission import Admission
 from switchyard_gaudi.device import HPU, Device, open_device
 from switchyard_gaudi.kv_cache import StaticKVCache
-from switchyard_gaudi.limits import EngineOptions, resolve_plan
+from switchyard_gaudi.limits import EngineOptions, max_total_reason, resolve_plan
 from switchyard_gaudi.model_dims import (
     DTYPE_BYTES,
     ModelDims,
@@ -262,8 +262,10 @@ def assemble(config: EngineConfig, p: Prepared, group: ShardGroup | None = None)
     fp8_model = fp8.convert(loaded.model, p.fp8) if p.fp8 is not None else None
     model = tensor_parallel.shard_model(loaded.model, p.device, p.ranks, p.dtype) \
         if p.ranks > 1 else loaded.model
-    info = msgspec.structs.replace(loaded.info, device=p.device.kind)
     limits, grid = p.plan.limits, p.plan.grid
+    info = msgspec.structs.replace(
+        loaded.info, device=p.device.kind, max_total_tokens=limits.max_total_tokens,
+        max_total_tokens_reason=max_total_reason(config, p.dims))
     # One row per decode row of the largest decode bucket: padding rows write to free rows.
     cache = StaticKVCache(p.dims.num_layers, grid.decode_batch.limit,
                           p.dims.num_kv_heads // p.ranks,

@@ -3,8 +3,9 @@
 Limits left at 0 by the gateway are chosen here, before any weight is
 loaded, and the result is checked by the warmup plan:
 
-- ``--max-total-tokens``: the model's context, at most 4,096 (the gateway's
-  default too); ``--max-input-tokens`` defaults to one less;
+- ``--max-total-tokens``: the model's context, at most 4,096 (every bucket up
+  to it compiles at warmup); reported in ``ModelInfo.max_total_tokens``, which
+  the gateway enforces; ``--max-input-tokens`` defaults to one less;
 - ``--max-batch-size``: as given; else ``--max-batch-total-tokens`` divided by
   ``--max-total-tokens`` (the seed: "set it as bs * max-total-tokens"); else
   the largest batch up to 64 whose cache fits the device memory;
@@ -129,6 +130,16 @@ def default_prefill_tokens(buckets: BucketSettings, max_input: int, batch: int) 
     """4,096 tokens, or one padded prefill of the longest prompt if that is more."""
     least_rows = 1 if buckets.batch_base is not None else min(buckets.prefill_batch_step, batch)
     return max(DEFAULT_PREFILL_TOKENS, least_rows * max_input)
+
+
+def max_total_reason(config: EngineConfig, dims: ModelDims) -> str:
+    """Why the longest sequence is what :func:`resolve_plan` chose, for the start-up log."""
+    if config.max_total_tokens:
+        return "--max-total-tokens"
+    if dims.max_position_embeddings and dims.max_position_embeddings <= DEFAULT_MAX_TOTAL_TOKENS:
+        return "the model's context"
+    return (f"the model's context ({dims.max_position_embeddings or 'not stated'}) capped at "
+            f"{DEFAULT_MAX_TOTAL_TOKENS}: every bucket up to it is compiled at warmup")
 
 
 def resolve_plan(config: EngineConfig, options: EngineOptions, dims: ModelDims,

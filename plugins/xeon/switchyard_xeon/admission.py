@@ -81,7 +81,13 @@ def _cache_tokens(config: EngineConfig, limits: Limits, bytes_per_token: int,
         tokens = budget
         source = f"{CACHE_MEMORY_FRACTION:.0%} of {free_memory / 2**20:.0f} MiB free memory"
     if tokens < max_total:
-        return max_total, "one sequence of max_total_tokens (memory is short)"
+        if config.max_total_tokens:  # asked for: one sequence of it, whatever the budget
+            return max_total, "one sequence of --max-total-tokens (memory is short)"
+        # The model's context does not fit: the longest sequence becomes what does (below),
+        # but never less than the old default's (or the model's whole context, if shorter).
+        floor = min(max_total, DEFAULT_MAX_TOTAL_TOKENS)
+        if tokens < floor:
+            return floor, f"one sequence of {floor} tokens (memory is short)"
     return tokens, source
 
 
@@ -137,6 +143,19 @@ def resolve_limits(
                 f"max_total_tokens ({config.max_total_tokens})")
         limits = replace(limits, max_total_tokens=plan.capacity_tokens)
     return limits, plan
+
+
+def max_total_reason(config: EngineConfig, info: ModelInfo, limits: Limits,
+                     plan: CachePlan) -> str:
+    """Why the longest sequence is ``limits.max_total_tokens``, for the start-up log."""
+    if config.max_total_tokens:
+        return "--max-total-tokens"
+    if not info.max_position_embeddings:
+        return f"the model states no context length: the default {DEFAULT_MAX_TOTAL_TOKENS}"
+    if limits.max_total_tokens >= info.max_position_embeddings:
+        return "the model's context"
+    return (f"less than the model's context ({info.max_position_embeddings}): the KV cache "
+            f"holds {plan.capacity_tokens} tokens ({plan.source})")
 
 
 class Admission:

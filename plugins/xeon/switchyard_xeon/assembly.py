@@ -45,7 +45,7 @@ from switchyard_xeon import (
     quantized,
     vision,
 )
-from switchyard_xeon.admission import Admission, resolve_limits
+from switchyard_xeon.admission import Admission, max_total_reason, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
     LlamaFamilyDecoder,
@@ -250,7 +250,10 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
         scheduler.gate = adapters.admit
     admission = Admission(limits, loaded.info.vocab_size, plan.capacity_tokens,
                           watermark, takes_images=loaded.info.takes_images, adapters=adapters)
-    return Assembled(loaded.info, runner, scheduler, admission, adapters)
+    info = msgspec.structs.replace(
+        loaded.info, max_total_tokens=limits.max_total_tokens,
+        max_total_tokens_reason=max_total_reason(config, loaded.info, limits, plan))
+    return Assembled(info, runner, scheduler, admission, adapters)
 
 
 def serve_gguf_blocks(config: EngineConfig, method: QuantizationMethod | None,
