@@ -18,17 +18,17 @@ counts each way reports (`usage`). Each trial's conversation starts with a
 random tag, one per way, so neither trials nor the two ways share cached
 blocks.
 
-`--opening-rules N` puts N numbered house rules before the opening (about 11
+`--opening-rules N` puts N numbered house rules before the opening (about 22
 tokens each on SmolLM2's tokenizer), so the first turn carries an agent-sized
 prompt, as a coding agent's instructions and tool list make it (Codex's first
-prompt is about 6,500 tokens: `--opening-rules 580`); turn 2 then shows what
+prompt is about 6,500 tokens: `--opening-rules 300`); turn 2 then shows what
 the cached prefix saves.
 
 Usage:
   switchyard serve --dtype float32 --max-total-tokens 2048 &
   python benchmarks/responses_chain.py --url http://127.0.0.1:8080 [--turns 10] [--trials 5]
   switchyard serve --dtype float32 &   # the model's own context (8,192 on the default model)
-  python benchmarks/responses_chain.py --turns 2 --trials 3 --opening-rules 580
+  python benchmarks/responses_chain.py --turns 2 --trials 3 --opening-rules 300
 """
 
 from __future__ import annotations
