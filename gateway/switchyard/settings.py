@@ -101,6 +101,8 @@ class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
 
     max_input_tokens: int
     max_total_tokens: int
+    source: str = ""
+    """Why max_total_tokens is what it is, for the start-up log."""
 
 
 # For an engine that does not say what it serves (ModelInfo.max_total_tokens 0): the
@@ -127,19 +129,24 @@ class ModelLimits(Protocol):
 
 
 def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int,
-                         engine_max_total: int = 0) -> TokenLimits:
+                         engine_max_total: int = 0, engine_reason: str = "") -> TokenLimits:
     """Fill unset limits from the engine and the model, as TGI does, and check they are coherent.
 
     ``engine_max_total`` is the longest sequence the engine resolved it serves
-    (``ModelInfo.max_total_tokens``): the default where ``--max-total-tokens`` is
-    unset; 0 (an engine that does not say) falls back to the model's context capped
-    at DEFAULT_MAX_TOTAL_TOKENS. ``max_position_embeddings`` 0 means the model's
+    (``ModelInfo.max_total_tokens``, and why: ``engine_reason``): the default where
+    ``--max-total-tokens`` is unset; 0 (an engine that does not say) falls back to the
+    model's context capped at DEFAULT_MAX_TOTAL_TOKENS. ``max_position_embeddings`` 0 means the model's
     config states no limit (Bloom's ALiBi biases have none, MPT names it otherwise).
     """
     known = max_position_embeddings > 0
-    total = settings.max_total_tokens or engine_max_total or (
-        min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS) if known
-        else DEFAULT_MAX_TOTAL_TOKENS)
+    if settings.max_total_tokens:
+        total, source = settings.max_total_tokens, "--max-total-tokens"
+    elif engine_max_total:
+        total, source = engine_max_total, engine_reason or "the engine's choice"
+    else:
+        total = (min(max_position_embeddings, DEFAULT_MAX_TOTAL_TOKENS) if known
+                 else DEFAULT_MAX_TOTAL_TOKENS)
+        source = f"the model's context, at most {DEFAULT_MAX_TOTAL_TOKENS}"
     inputs = settings.max_input_tokens or total - 1
     if inputs >= total:
         raise ValueError(
@@ -150,7 +157,7 @@ def resolve_token_limits(settings: ModelLimits, max_position_embeddings: int,
             f"--max-total-tokens ({total}) exceeds the model's max_position_embeddings "
             f"({max_position_embeddings})"
         )
-    return TokenLimits(max_input_tokens=inputs, max_total_tokens=total)
+    return TokenLimits(max_input_tokens=inputs, max_total_tokens=total, source=source)
 
 
 def resolve_num_shard(settings: ModelLimits) -> int:

@@ -78,25 +78,26 @@ def test_sampling_switches_on_with_warpers_and_seed_is_reported():
 
 def test_resolve_token_limits():
     assert resolve_token_limits(ServeSettings(), 2048) == TokenLimits(
-        max_input_tokens=2047, max_total_tokens=2048)
+        max_input_tokens=2047, max_total_tokens=2048, source="the model's context, at most 4096")
     with pytest.raises(ValueError):
         resolve_token_limits(ServeSettings(max_input_tokens=10, max_total_tokens=10), 2048)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
         resolve_token_limits(ServeSettings(max_total_tokens=4096), 2048)
     # A config without a position limit (Bloom's ALiBi): the default bounds it, nothing else.
     assert resolve_token_limits(ServeSettings(), 0) == TokenLimits(
-        max_input_tokens=4095, max_total_tokens=4096)
+        max_input_tokens=4095, max_total_tokens=4096, source="the model's context, at most 4096")
     assert resolve_token_limits(ServeSettings(max_total_tokens=9000), 0).max_total_tokens == 9000
 
 
 def test_the_engines_length_is_the_default_and_the_flags_win():
     """ModelInfo.max_total_tokens (what the engine serves) is the default; flags override it
     and stay bounded by the model's context."""
-    limits = resolve_token_limits(ServeSettings(), 8192, engine_max_total=8192)
-    assert limits == TokenLimits(max_input_tokens=8191, max_total_tokens=8192)
+    limits = resolve_token_limits(ServeSettings(), 8192, 8192, "the model's context")
+    assert limits == TokenLimits(max_input_tokens=8191, max_total_tokens=8192,
+                                 source="the model's context")
     assert resolve_token_limits(ServeSettings(), 8192, 5000).max_total_tokens == 5000
     assert resolve_token_limits(ServeSettings(max_total_tokens=2048), 8192, 8192) == TokenLimits(
-        max_input_tokens=2047, max_total_tokens=2048)
+        max_input_tokens=2047, max_total_tokens=2048, source="--max-total-tokens")
     assert resolve_token_limits(ServeSettings(), 8192, 0).max_total_tokens == 4096
     with pytest.raises(ValueError, match="max_position_embeddings"):
         resolve_token_limits(ServeSettings(max_total_tokens=9000), 8192, 8192)

@@ -23,9 +23,9 @@ from switchyard.models.pooling_folder import is_pooling_folder
 from switchyard.models.random_model import RANDOM_MODEL_NAME, ensure_random_model
 from switchyard.models.served import Admission, ServedModel
 from switchyard.plugins import PluginHost
-from switchyard.settings import DEFAULT_MAX_TOTAL_TOKENS, resolve_num_shard, resolve_token_limits
+from switchyard.settings import resolve_num_shard, resolve_token_limits
 from switchyard.text import load_tokenizer
-from switchyard_spec import Engine, EngineConfig, EngineStartError, ModelInfo, StepObserver
+from switchyard_spec import Engine, EngineConfig, EngineStartError, StepObserver
 
 log = logging.getLogger("switchyard.models")
 
@@ -127,11 +127,11 @@ def load_model(
     info = engine.start()
     try:
         limits = resolve_token_limits(entry, info.max_position_embeddings,
-                                      info.max_total_tokens)
+                                      info.max_total_tokens, info.max_total_tokens_reason)
         log.info(
             "model %s: %s on %s, max_input_tokens=%d max_total_tokens=%d (%s)",
             model_id, info.dtype, info.device, limits.max_input_tokens, limits.max_total_tokens,
-            _total_reason(entry, info),
+            limits.source,
         )
         observer = step_observer(name, spec.name) if step_observer is not None else None
         if observer is not None:
@@ -164,11 +164,3 @@ def load_model(
         adapters=adapters,
     )
 
-
-def _total_reason(entry: ModelEntry, info: ModelInfo) -> str:
-    """Why the model's max_total_tokens is what it is, for the start-up log."""
-    if entry.max_total_tokens:
-        return "--max-total-tokens"
-    if info.max_total_tokens:
-        return info.max_total_tokens_reason or "the engine's choice"
-    return f"the model's context, at most {DEFAULT_MAX_TOTAL_TOKENS}"
