@@ -60,6 +60,8 @@ def compile_grammar(compiler: Any, constraint: Constraint) -> Any:
         return compiler.compile_grammar(json_schema_ebnf(constraint.spec))
     if constraint.kind is ConstraintKind.JSON_OBJECT:
         return compiler.compile_grammar(json_schema_ebnf('{"type":"object"}'))
+    if constraint.kind is ConstraintKind.GRAMMAR:
+        return compiler.compile_grammar(constraint.spec)
     if constraint.kind is ConstraintKind.REGEX:
         return compiler.compile_regex(constraint.spec)
     if constraint.kind is ConstraintKind.STRUCTURAL_TAG:

@@ -175,6 +175,9 @@ def main() -> None:
 @click.option("--responses-store-max-bytes", envvar="SWITCHYARD_RESPONSES_STORE_MAX_BYTES",
               type=click.IntRange(min=1), default=256 * 2**20, show_default=True,
               help="Bytes the kept responses may take in all.")
+@click.option("--strict-hosted-tools", envvar="SWITCHYARD_STRICT_HOSTED_TOOLS", is_flag=True,
+              help="Refuse (400) Responses requests that offer hosted tools (web_search, "
+                   "file_search, ...) instead of leaving them out of the prompt.")
 @click.option("--api-key", envvar="API_KEY", default=None,
               help="Require `Authorization: Bearer <key>` on the generation routes.")
 @click.option("--log-level", envvar="LOG_LEVEL", default="info", show_default=True,

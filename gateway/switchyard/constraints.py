@@ -218,6 +218,34 @@ def regex_constraint(pattern: Any) -> Constraint:
     return Constraint(kind=ConstraintKind.REGEX, spec=pattern)
 
 
+def grammar_constraint(ebnf: Any) -> Constraint:
+    """A checked grammar constraint (xgrammar's EBNF with a `root` rule); ``ConstraintError``
+    says what is wrong."""
+    if not isinstance(ebnf, str) or not ebnf.strip():
+        raise ConstraintError("a grammar must be a non-empty string")
+    if len(ebnf.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"the grammar is {len(ebnf.encode())} bytes, more than the "
+                              f"{MAX_GRAMMAR_BYTES} allowed")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_ebnf(ebnf)
+    except Exception as exc:  # noqa: BLE001
+        raise ConstraintError(f"cannot compile the grammar (EBNF with a `root` rule): "
+                              f"{_reason(exc)}") from None
+    return Constraint(kind=ConstraintKind.GRAMMAR, spec=ebnf)
+
+
+def choice_pattern(choices: Any) -> str:
+    """A regular expression that matches exactly one of ``choices`` (vLLM's `choice`)."""
+    if not isinstance(choices, list) or not choices or not all(
+            isinstance(c, str) and c for c in choices):
+        raise ConstraintError("choices must be a non-empty list of non-empty strings")
+    special = set("\\.^$*+?()[]{}|/-")
+    return "(" + "|".join("".join("\\" + ch if ch in special else ch for ch in choice)
+                          for choice in choices) + ")"
+
+
 JSON_OBJECT = Constraint(kind=ConstraintKind.JSON_OBJECT)
 """OpenAI's `{"type": "json_object"}`: any JSON object."""
 

@@ -25,7 +25,7 @@ from switchyard.models.served import EventStream, ServedModel, new_request_id
 from switchyard.telemetry.request import note_sequence
 from switchyard.text.detokenizer import IncrementalDetokenizer
 from switchyard.text.stops import StopMatcher
-from switchyard.validation import GenerationPlan
+from switchyard.planning.plan import GenerationPlan
 from switchyard_spec import EngineRequest, FinishReason, TokenEvent, TopToken
 
 log = logging.getLogger("switchyard.generation")

@@ -94,6 +94,8 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """Responses kept for `GET /v1/responses/{id}` and chaining; 0 turns the store off."""
     responses_store_max_bytes: int = 256 * 2**20
     """Bytes the kept responses may take (least recently used out first)."""
+    strict_hosted_tools: bool = False
+    """Refuse Responses requests that offer hosted tools instead of leaving them out."""
 
 
 class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):

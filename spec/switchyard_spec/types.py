@@ -84,6 +84,9 @@ class ConstraintKind(str, enum.Enum):
     """Any JSON object (OpenAI's ``json_object``); ``Constraint.spec`` is empty."""
     REGEX = "regex"
     """``Constraint.spec`` is a regular expression the whole text must match."""
+    GRAMMAR = "grammar"
+    """``Constraint.spec`` is a context-free grammar in xgrammar's EBNF (GBNF, with a
+    ``root`` rule): the whole text is one sentence of it (vLLM's ``grammar``)."""
     STRUCTURAL_TAG = "structural_tag"
     """``Constraint.spec`` is an xgrammar structural tag (JSON,
     ``{"type": "structural_tag", "format": {...}}``, compiled with

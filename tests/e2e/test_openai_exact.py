@@ -79,7 +79,27 @@ BAD_CHAT = [
     ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
     ({"top_k": -1}, "top_k"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
+    # vLLM's extensions: a bad value, or one this server does not serve, names the field.
+    ({"guided_json": {"type": "bogus"}}, "guided_json"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_grammar": "root ::= "}, "guided_grammar"),
+    ({"structured_outputs": {"regex": "a+", "choice": ["a"]}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"whitespace_pattern": " "}},
+     "structured_outputs.whitespace_pattern"),
+    ({"guided_regex": "a+", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ({"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+    ({"min_p": 0.1}, "min_p"),
+    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"documents": [{"text": "x"}]}, "documents"),
+    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
+    ({"stop_token_ids": [1], "ignore_eos": True}, "stop_token_ids"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"continue_final_message": True}, "continue_final_message"),
     ({"frobnicate": 1}, "frobnicate"),
 ]
 
@@ -152,11 +172,11 @@ def test_the_same_mistakes_on_tgi_routes_keep_tgis_422(server, parameters, param
 
 def test_unknown_fields_are_refused_by_name(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=30, json={
-        "messages": MESSAGES, "max_tokens": 2, "skip_special_tokens": False})
+        "messages": MESSAGES, "max_tokens": 2, "skip_special_token": False})
     assert r.status_code == 400
     assert r.json()["error"] == {
-        "message": "Unrecognized request argument supplied: skip_special_tokens",
-        "type": "invalid_request_error", "param": "skip_special_tokens", "code": None}
+        "message": "Unrecognized request argument supplied: skip_special_token",
+        "type": "invalid_request_error", "param": "skip_special_token", "code": None}
 
 
 def test_fields_that_cannot_change_the_answer_are_accepted(client):

@@ -35,7 +35,7 @@ from switchyard.protocol import openai as oai
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.settings import ServeSettings, TokenLimits
 from switchyard.text import load_tokenizer
-from switchyard.validation import build_plan
+from switchyard.planning.tgi import plan_tgi_prompt
 from switchyard_spec import EngineRequest, ImageInput, SamplingParams, StoppingParams
 from tests.support.image_server import Answer, ImageServer
 from tests.support.vlm_model import IMAGE_TOKEN, ensure_vlm, png
@@ -290,13 +290,13 @@ def test_image_tokens_count_and_truncation_keeps_images_whole() -> None:
     ids = list(range(10))
     limits = TokenLimits(max_input_tokens=9, max_total_tokens=20)
     with pytest.raises(ApiError) as caught:  # 10 tokens, 4 of them the image's
-        build_plan(ids, GenerateParameters(max_new_tokens=2), limits, (), images=(_image(5, 4),))
+        plan_tgi_prompt(ids, GenerateParameters(max_new_tokens=2), limits, (), images=(_image(5, 4),))
     assert "must have less than 9 tokens" in caught.value.message
-    plan = build_plan(ids, GenerateParameters(max_new_tokens=2, truncate=6), limits, (),
+    plan = plan_tgi_prompt(ids, GenerateParameters(max_new_tokens=2, truncate=6), limits, (),
                       images=(_image(5, 4),))
     assert plan.prompt_ids == tuple(range(4, 10)) and plan.images[0].offset == 1
     with pytest.raises(ApiError) as caught:
-        build_plan(ids, GenerateParameters(max_new_tokens=2, truncate=4), limits, (),
+        plan_tgi_prompt(ids, GenerateParameters(max_new_tokens=2, truncate=4), limits, (),
                    images=(_image(5, 4),))
     assert caught.value.status == 422 and "would cut the prompt's image" in caught.value.message
 

@@ -8,7 +8,8 @@ from switchyard.errors import ApiError
 from switchyard.protocol.tgi import GenerateParameters
 from switchyard.openai_mapping.plans import choice_count, logit_bias_pairs
 from switchyard.settings import ServeSettings, TokenLimits
-from switchyard.validation import build_plan, check_parameters, fan_out
+from switchyard.planning.plan import fan_out
+from switchyard.planning.tgi import check_parameters, plan_tgi_prompt
 
 LIMITS = TokenLimits(max_input_tokens=100, max_total_tokens=128)
 
@@ -35,20 +36,20 @@ def test_best_of_and_watermark_are_accepted():
     check_parameters(GenerateParameters(best_of=2, do_sample=True, watermark=True), ServeSettings())
     # TGI counts any warper given, even a neutral one, as asking for sampling.
     check_parameters(GenerateParameters(best_of=2, temperature=1.0), ServeSettings())
-    plan = build_plan([1, 2], GenerateParameters(best_of=2, temperature=1.0, watermark=True,
+    plan = plan_tgi_prompt([1, 2], GenerateParameters(best_of=2, temperature=1.0, watermark=True,
                                                  decoder_input_details=True), LIMITS, ())
     assert plan.sampling.do_sample and plan.sampling.watermark
     assert plan.prompt_logprobs and plan.details
 
 
 def test_fan_out_seeds_and_prompt_logprobs():
-    plan = build_plan([1, 2], GenerateParameters(do_sample=True, seed=2**64 - 1,
+    plan = plan_tgi_prompt([1, 2], GenerateParameters(do_sample=True, seed=2**64 - 1,
                                                  decoder_input_details=True), LIMITS, ())
     plans = fan_out(plan, 3)
     assert plans[0] is plan
     assert [p.sampling.seed for p in plans] == [2**64 - 1, 0, 1]
     assert [p.prompt_logprobs for p in plans] == [True, False, False]
-    greedy = build_plan([1], GenerateParameters(max_new_tokens=1), LIMITS, ())
+    greedy = plan_tgi_prompt([1], GenerateParameters(max_new_tokens=1), LIMITS, ())
     assert {p.sampling.seed for p in fan_out(greedy, 2)} == {None}
 
 
@@ -57,7 +58,7 @@ def test_choice_count():
     for bad in (0, -1, 129):
         with pytest.raises(ApiError) as err:
             choice_count(bad)
-        assert err.value.param == "n" and err.value.status == 422
+        assert err.value.param == "n" and err.value.status == 400  # OpenAI's status
 
 
 def test_logit_bias_pairs():
@@ -68,4 +69,4 @@ def test_logit_bias_pairs():
                 {str(i): 1 for i in range(301)}):
         with pytest.raises(ApiError) as err:
             logit_bias_pairs(bad, 1000 if len(bad) > 1 else 10)
-        assert err.value.param == "logit_bias" and err.value.status == 422
+        assert err.value.param == "logit_bias" and err.value.status == 400

@@ -12,7 +12,7 @@ from switchyard.settings import (
     resolve_num_shard,
     resolve_token_limits,
 )
-from switchyard.validation import build_plan, check_inputs, check_parameters
+from switchyard.planning.tgi import check_inputs, check_parameters, plan_tgi_prompt
 
 SETTINGS = ServeSettings()
 LIMITS = TokenLimits(max_input_tokens=100, max_total_tokens=128)
@@ -54,25 +54,25 @@ def test_inputs_and_truncate():
 
 def test_token_limits_messages():
     with pytest.raises(ApiError) as err:
-        build_plan(list(range(50)), GenerateParameters(max_new_tokens=100), LIMITS, ())
+        plan_tgi_prompt(list(range(50)), GenerateParameters(max_new_tokens=100), LIMITS, ())
     assert err.value.message.endswith(
         "`inputs` tokens + `max_new_tokens` must be <= 128. Given: 50 `inputs` tokens and 100 "
         "`max_new_tokens`")
     with pytest.raises(ApiError, match="`inputs` must have less than 100 tokens. Given: 110"):
-        build_plan(list(range(110)), GenerateParameters(max_new_tokens=1), LIMITS, ())
+        plan_tgi_prompt(list(range(110)), GenerateParameters(max_new_tokens=1), LIMITS, ())
 
 
 def test_truncate_keeps_last_tokens_and_default_budget():
-    plan = build_plan(list(range(50)), GenerateParameters(truncate=10), LIMITS, (7,))
+    plan = plan_tgi_prompt(list(range(50)), GenerateParameters(truncate=10), LIMITS, (7,))
     assert plan.prompt_ids == tuple(range(40, 50))
     assert plan.stopping.max_new_tokens == 128 - 10
     assert plan.stopping.eos_token_ids == (7,)
 
 
 def test_sampling_switches_on_with_warpers_and_seed_is_reported():
-    greedy = build_plan([1], GenerateParameters(max_new_tokens=1), LIMITS, ())
+    greedy = plan_tgi_prompt([1], GenerateParameters(max_new_tokens=1), LIMITS, ())
     assert not greedy.sampling.do_sample and greedy.sampling.seed is None
-    warped = build_plan([1], GenerateParameters(max_new_tokens=1, top_k=5), LIMITS, ())
+    warped = plan_tgi_prompt([1], GenerateParameters(max_new_tokens=1, top_k=5), LIMITS, ())
     assert warped.sampling.do_sample and warped.sampling.seed is not None
 
 

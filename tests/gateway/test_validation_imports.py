@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-VALIDATION_MODULES = ("switchyard.validation", "switchyard.constraints",
+VALIDATION_MODULES = ("switchyard.planning.tgi", "switchyard.planning.plan", "switchyard.constraints",
                       "switchyard.openai_mapping.plans", "switchyard.protocol.openai",
                       "switchyard.protocol.tgi", "switchyard_engine.grammar_text")
 HEAVY = ("torch", "transformers", "xgrammar")

@@ -1,12 +1,12 @@
-"""OpenAI request fields mapped onto Switchyard's generation plans.
+"""The adapters of chat and completion requests: their wire types read into `PlanFields`.
 
-OpenAI's ranges and fields (`n`, `logit_bias`, `logprobs`, `presence_penalty`)
-are checked here first, then the request becomes TGI `GenerateParameters` and
-passes the same rules as a TGI request (`switchyard.validation`), so one set of
-rules guards the engine. OpenAI's meanings are kept where TGI's differ:
-temperature 0 is greedy and an absent temperature samples at 1;
-`presence_penalty` and `frequency_penalty` are OpenAI's additive penalties,
-not TGI's `repetition_penalty` mapping; stop strings are left out of the text.
+Each field is read once (`sampling_fields` for what chat and completions
+share), checked by the range table in OpenAI's words (`switchyard.planning.rules`)
+and built into a plan by `switchyard.planning.plan.build_plan`. vLLM's request
+extensions are read here too (`min_tokens`, `stop_token_ids`,
+`include_stop_str_in_output`, `truncate_prompt_tokens`, the chat template
+fields, structured outputs); the few this server does not serve are a 400
+naming them (`UNSERVED_VLLM_FIELDS`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from switchyard.constraints import engine_can_constrain, response_format_constra
 from switchyard.errors import ApiError, validation_error
 from switchyard.media import EncodedPrompt, ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
-from switchyard.protocol import openai as oai
-from switchyard.protocol.tgi import GenerateParameters
 from switchyard.openai_mapping.completion_prompts import CompletionPrompt, completion_prompts
-from switchyard.tools.openai import ToolSetup, chat_messages, template_tools, tool_setup
-from switchyard.settings import TokenLimits
+from switchyard.openai_mapping.structured import structured_output, structured_output_field
+from switchyard.planning.fields import PlanFields
+from switchyard.planning.plan import GenerationPlan, build_plan, truncate_prompt
+from switchyard.planning.rules import check_fields
+from switchyard.protocol import openai as oai
+from switchyard.settings import ServeSettings, TokenLimits
 from switchyard.state import Gateway
 from switchyard.text.chat import ChatTemplateError, render_chat
-from switchyard.validation import GenerationPlan, build_plan, check_parameters
+from switchyard.tools.openai import ToolSetup, chat_messages, template_tools, tool_setup
 from switchyard_spec import Constraint
 
 MAX_N = 128
@@ -36,12 +38,23 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 LOGIT_BIAS_RANGE = 100.0
 MAX_TOP_LOGPROBS = 20
 """Chat's `top_logprobs` range is 0 to 20 (OpenAI's), whatever `--max-top-n-tokens` says."""
-SEED_RANGE = (-(2**63), 2**63 - 1)
-"""OpenAI's `seed` is a signed 64-bit integer; the engines' seed space is [0, 2^64)."""
 CONTEXT_EXCEEDED = "context_length_exceeded"
 _REFUSED_CHAT_FIELDS = ("audio", "prediction", "reasoning_effort", "verbosity",
-                        "web_search_options", "functions", "function_call")
-"""OpenAI chat fields that would change the answer and are not served: a 400 names them."""
+                        "web_search_options", "functions", "function_call", "chat_template",
+                        "documents")
+"""OpenAI and vLLM chat fields that would change the answer and are not served: a 400 names
+them (`chat_template`: the server renders with the model's own template only)."""
+UNSERVED_VLLM_FIELDS: tuple[tuple[str, str], ...] = (
+    ("min_p", "the engines' samplers have no min-p filter"),
+    ("allowed_token_ids", "the engines have no allowed-token mask"),
+    ("bad_words", "the engines have no banned-sequence filter"),
+)
+"""vLLM sampling fields refused by name, with the reason the error gives."""
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "tokenize", "add_generation_prompt",
+    "continue_final_message", "chat_template", "return_dict", "return_assistant_tokens_mask",
+})
+"""Template arguments the request sets through its own fields."""
 
 
 def invalid(message: str, param: str, code: str | None = None) -> ApiError:
@@ -49,34 +62,20 @@ def invalid(message: str, param: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, "validation", param=param, code=code)
 
 
-class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
-    """The sampling fields chat and completion requests share."""
+class WireNames(msgspec.Struct, frozen=True, kw_only=True):
+    """What one request calls the fields its errors name (chat's, or the Responses API's)."""
 
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    stop: str | list[str] | None
-    seed: int | None
-    frequency_penalty: float | None
-    presence_penalty: float | None
-    top_n_tokens: int
-    n: int | None
-    top_k: int | None = None
-    repetition_penalty: float | None = None
-    max_tokens_param: str = "max_tokens"
-    """The field the client set `max_tokens` with (chat also has `max_completion_tokens`)."""
+    prompt: str = "messages"
+    max_tokens: str = "max_tokens"
+    response_format: str = "response_format"
+
+    def renames(self) -> dict[str, str]:
+        """Plan field names to this request's wire names, for `check_fields`."""
+        return {"max_new_tokens": self.max_tokens}
 
 
-def engine_seed(seed: int | None) -> int | None:
-    """OpenAI's signed 64-bit `seed` in the engines' [0, 2^64): a negative seed is taken
-    modulo 2^64 (-1 is 2^64 - 1), so every seed maps to its own engine seed."""
-    if seed is None:
-        return None
-    low, high = SEED_RANGE
-    if not low <= seed <= high:
-        raise invalid(f"Invalid 'seed': expected a signed 64-bit integer ({low} to {high}), "
-                      f"but got {seed} instead.", "seed")
-    return seed % 2**64
+CHAT_NAMES = WireNames()
+COMPLETION_NAMES = WireNames(prompt="prompt")
 
 
 def check_stream_options(stream: bool, options: oai.StreamOptions | None) -> None:
@@ -86,60 +85,39 @@ def check_stream_options(stream: bool, options: oai.StreamOptions | None) -> Non
                       "enabled.", "stream_options")
 
 
-def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> int:
-    """vLLM's `min_tokens`, checked: 0 when absent, never above `max_tokens`."""
-    if min_tokens is None:
-        return 0
-    if min_tokens < 0:
-        raise invalid(f"Invalid 'min_tokens': expected a value >= 0, but got {min_tokens} "
-                      "instead.", "min_tokens")
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise invalid(f"Invalid 'min_tokens': {min_tokens} is more than 'max_tokens' "
-                      f"({max_tokens}).", "min_tokens")
-    return min_tokens
-
-
-def check_context(n_in: int, max_tokens: int | None, limits: TokenLimits, prompt_param: str,
-                  max_tokens_param: str = "max_tokens") -> None:
+def check_context(n_in: int, max_tokens: int | None, limits: TokenLimits,
+                  names: WireNames) -> None:
     """OpenAI's length rules: a prompt over the context, or a `max_tokens` over what the
     context leaves after the prompt, is a 400 that names the limit (never clamped)."""
     room = limits.max_total_tokens - n_in
+    prompt = names.prompt
     if n_in > limits.max_input_tokens or room <= 0:
         longest = min(limits.max_input_tokens, limits.max_total_tokens - 1)
         raise invalid(
             f"This model's maximum input length is {longest} "
-            f"tokens. However, your {prompt_param} resulted in {n_in} tokens. Please reduce "
-            f"the length of the {prompt_param}.", prompt_param, CONTEXT_EXCEEDED)
+            f"tokens. However, your {prompt} resulted in {n_in} tokens. Please reduce "
+            f"the length of the {prompt}.", prompt, CONTEXT_EXCEEDED)
     if max_tokens is not None and max_tokens > room:
         raise invalid(
-            f"'{max_tokens_param}' is too large: {max_tokens}. This model's maximum context "
-            f"length is {limits.max_total_tokens} tokens and your {prompt_param} resulted in "
+            f"'{names.max_tokens}' is too large: {max_tokens}. This model's maximum context "
+            f"length is {limits.max_total_tokens} tokens and your {prompt} resulted in "
             f"{n_in} tokens, so at most {room} tokens can be generated.",
-            max_tokens_param, CONTEXT_EXCEEDED)
+            names.max_tokens, CONTEXT_EXCEEDED)
 
 
-def _stops(stop: str | list[str] | None) -> list[str]:
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def choice_count(n: int | None) -> int:
     """`n`, checked: how many independent choices to generate per prompt."""
     if n is None:
         return 1
-    if n < 1:
-        raise validation_error(
-            "Invalid 'n': integer below minimum value. "
-            f"Expected a value >= 1, but got {n} instead.",
-            param="n",
-        )
-    if n > MAX_N:
-        raise validation_error(
-            f"Invalid 'n': integer above maximum value. Expected a value <= {MAX_N}, "
-            f"but got {n} instead.",
-            param="n",
-        )
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"Invalid 'n': expected a value >= 1 and <= {MAX_N}, but got {n} "
+                      "instead.", "n")
     return n
 
 
@@ -149,81 +127,87 @@ def logit_bias_pairs(
     """OpenAI's `{"<token id>": bias}` object as (token id, bias) pairs for the engine.
 
     Keys must be decimal token ids inside the model's vocabulary and biases in
-    [-100, 100]; anything else is a 422 naming `logit_bias`.
+    [-100, 100]; anything else is a 400 naming `logit_bias`.
     """
     if not bias:
         return ()
     if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
-        raise validation_error(
-            f"`logit_bias` may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens. Given: {len(bias)}",
-            param="logit_bias",
-        )
+        raise invalid(f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got "
+                      f"{len(bias)}.", "logit_bias")
     pairs: list[tuple[int, float]] = []
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit()):
-            raise validation_error(
-                f"`logit_bias` keys must be token ids (decimal integers). Given: {key!r}",
-                param="logit_bias",
-            )
+            raise invalid(f"Invalid 'logit_bias': keys must be token ids (decimal integers), "
+                          f"got {key!r}.", "logit_bias")
         token_id = int(key)
         if token_id >= vocab_size:
-            raise validation_error(
-                f"`logit_bias` token id {token_id} is outside the vocabulary "
-                f"(ids 0 to {vocab_size - 1})",
-                param="logit_bias",
-            )
+            raise invalid(f"Invalid 'logit_bias': token id {token_id} is outside the "
+                          f"vocabulary (ids 0 to {vocab_size - 1}).", "logit_bias")
         if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:
-            raise validation_error(
-                f"`logit_bias` values must be >= -100 and <= 100. Given: {value} for token {key}",
-                param="logit_bias",
-            )
+            raise invalid(f"Invalid 'logit_bias': values must be >= -100 and <= 100, got "
+                          f"{value} for token {key}.", "logit_bias")
         pairs.append((token_id, float(value)))
     return tuple(sorted(pairs))
 
 
-def _in_range(value: float | None, param: str, low: float, high: float) -> None:
-    if value is not None and not low <= value <= high:
-        side = "below minimum" if value < low else "above maximum"
-        bound = f">= {low}" if value < low else f"<= {high}"
-        raise invalid(f"Invalid '{param}': decimal {side} value. Expected a value {bound}, "
-                      f"but got {value} instead.", param)
+def _token_ids(ids: list[int] | None, vocab_size: int, param: str) -> tuple[int, ...]:
+    for token_id in ids or ():
+        if not 0 <= token_id < vocab_size:
+            raise invalid(f"Invalid '{param}': token id {token_id} is outside the vocabulary "
+                          f"(ids 0 to {vocab_size - 1}).", param)
+    return tuple(ids or ())
 
 
-def to_parameters(f: SamplingFields) -> GenerateParameters:
-    """Map OpenAI sampling fields onto TGI's, with OpenAI's ranges checked first (so that
-    TGI's checks, worded with TGI's names, never see a value they would refuse)."""
-    _in_range(f.temperature, "temperature", 0.0, 2.0)
-    if f.top_p is not None and not 0.0 < f.top_p <= 1.0:
-        raise invalid(f"Invalid 'top_p': expected a value > 0 and <= 1, but got {f.top_p} "
-                      "instead.", "top_p")
-    _in_range(f.presence_penalty, "presence_penalty", -2.0, 2.0)
-    _in_range(f.frequency_penalty, "frequency_penalty", -2.0, 2.0)
-    if f.max_tokens is not None and f.max_tokens <= 0:
-        raise invalid(f"Invalid '{f.max_tokens_param}': integer below minimum value. Expected "
-                      f"a value >= 1, but got {f.max_tokens} instead.", f.max_tokens_param)
-    if f.top_k is not None and f.top_k < 0:
-        raise invalid(f"Invalid 'top_k': expected a value >= 0 (0 or absent: no limit), but "
-                      f"got {f.top_k} instead.", "top_k")
-    if f.repetition_penalty is not None and f.repetition_penalty <= 0:
-        raise invalid(f"Invalid 'repetition_penalty': expected a value > 0, but got "
-                      f"{f.repetition_penalty} instead.", "repetition_penalty")
-    choice_count(f.n)
-    greedy = f.temperature == 0.0
-    return GenerateParameters(
-        # OpenAI's default temperature is 1: absent temperature samples, 0 is greedy.
-        do_sample=not greedy,
-        temperature=None if greedy else f.temperature,
-        # Temperature 0 is greedy whatever the warpers say (they would turn sampling on).
-        top_p=None if greedy or f.top_p is None or f.top_p >= 1.0 else f.top_p,
-        top_k=None if greedy else f.top_k or None,
-        repetition_penalty=f.repetition_penalty,
-        max_new_tokens=f.max_tokens,
-        stop=_stops(f.stop),
-        seed=engine_seed(f.seed),
-        frequency_penalty=f.frequency_penalty,
-        top_n_tokens=f.top_n_tokens,
-        details=True,
+def _refuse_unserved(req: oai.SamplingRequest) -> None:
+    """vLLM's fields this server does not serve: a 400 naming the field, never silence."""
+    for name, why in UNSERVED_VLLM_FIELDS:
+        if getattr(req, name) is not None:
+            raise invalid(f"'{name}' is not supported by this server: {why}.", name)
+    if req.spaces_between_special_tokens is False:
+        raise invalid("'spaces_between_special_tokens': false is not supported: special "
+                      "tokens are decoded by the model's fast tokenizer, which writes no "
+                      "spaces between them either way.", "spaces_between_special_tokens")
+
+
+def sampling_fields(settings: ServeSettings, model: ServedModel, req: oai.SamplingRequest, *,
+                    max_tokens: int | None, top_n: int, names: WireNames) -> PlanFields:
+    """The plan fields chat and completion requests share, checked in OpenAI's words.
+
+    OpenAI's meanings are kept where TGI's differ: temperature 0 is greedy and an
+    absent temperature samples at 1; `presence_penalty` and `frequency_penalty` are
+    OpenAI's additive penalties; stop strings are left out of the text (vLLM's
+    `include_stop_str_in_output` keeps them).
+    """
+    _refuse_unserved(req)
+    stop = _stops(req.stop)
+    if len(stop) > settings.max_stop_sequences:
+        raise invalid(f"Invalid 'stop': at most {settings.max_stop_sequences} stop sequences, "
+                      f"got {len(stop)}.", "stop")
+    vocab = model.info.vocab_size
+    stop_ids = _token_ids(req.stop_token_ids, vocab, "stop_token_ids")
+    if stop_ids and req.ignore_eos:
+        raise invalid("'stop_token_ids' cannot be combined with 'ignore_eos': this server "
+                      "ends on both through one set of end tokens.", "stop_token_ids")
+    truncate = req.truncate_prompt_tokens
+    if truncate == -1:  # vLLM: the model's longest prompt
+        truncate = model.limits.max_input_tokens
+    fields = PlanFields(
+        do_sample=req.temperature != 0.0,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        repetition_penalty=req.repetition_penalty, frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty, seed=req.seed,
+        logit_bias=logit_bias_pairs(req.logit_bias, vocab),
+        max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+        stop=stop, stop_token_ids=stop_ids,
+        include_stop=bool(req.include_stop_str_in_output),
+        skip_special_tokens=req.skip_special_tokens is not False,
+        top_n_tokens=top_n, truncate=truncate, details=True,
     )
+    check_fields("openai", fields, names.renames())
+    if req.min_tokens is not None and max_tokens is not None and req.min_tokens > max_tokens:
+        raise invalid(f"Invalid 'min_tokens': {req.min_tokens} is more than "
+                      f"'{names.max_tokens}' ({max_tokens}).", "min_tokens")
+    return fields
 
 
 def _message_text(message: oai.ChatMessageIn) -> str:
@@ -246,12 +230,29 @@ def _message_text(message: oai.ChatMessageIn) -> str:
 def chat_prompt(model: ServedModel, req: oai.ChatCompletionRequest,
                 tools: ToolSetup | None = None) -> str:
     """The prompt text of a chat request: its messages (and ``tools``) through the model's
-    chat template."""
+    chat template, with vLLM's template fields (`chat_template_kwargs`,
+    `add_generation_prompt`, `continue_final_message`)."""
     if not req.messages:
         raise validation_error("`messages` cannot be empty", param="messages")
     messages = chat_messages(model, req, _message_text, tools)
+    kwargs = req.chat_template_kwargs or {}
+    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise invalid(f"Invalid 'chat_template_kwargs': {', '.join(reserved)} "
+                      f"{'is' if len(reserved) == 1 else 'are'} set by the request's own "
+                      "fields, not by template arguments.", "chat_template_kwargs")
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise invalid("'continue_final_message' and 'add_generation_prompt' cannot both "
+                          "be true.", "continue_final_message")
+        if req.messages[-1].role != "assistant":
+            raise invalid("'continue_final_message' needs the last message to be the "
+                          "assistant's.", "continue_final_message")
     try:
-        return render_chat(model.tokenizer, messages, tools=template_tools(tools))
+        return render_chat(model.tokenizer, messages, tools=template_tools(tools),
+                           template_kwargs=kwargs,
+                           generation_prompt=req.add_generation_prompt is not False,
+                           continue_final=req.continue_final_message)
     except ChatTemplateError as exc:
         raise ApiError(422, str(exc), "template_error") from exc
 
@@ -265,21 +266,30 @@ def _reject_unsupported_chat_fields(req: oai.ChatCompletionRequest) -> None:
                        "tool_error", param="tools")
 
 
-def chat_constraint(model: ServedModel, req: oai.ChatCompletionRequest) -> Constraint | None:
-    """The constraint of a chat request's `response_format`, checked (None for text)."""
+def chat_constraint(model: ServedModel, req: oai.ChatCompletionRequest,
+                    names: WireNames = CHAT_NAMES) -> Constraint | None:
+    """The constraint of a chat request's `response_format` or vLLM's structured-output
+    fields, checked (None for text)."""
     rf = req.response_format
-    if rf is None:
-        return None
-    schema_config = None
-    if rf.json_schema is not None:
-        schema_config = msgspec.to_builtins(rf.json_schema)
-        schema_config["schema"] = rf.json_schema.schema
-    constraint = response_format_constraint(rf.type, schema_config, rf.value)
+    constraint, param = structured_output(req), names.response_format
+    if constraint is not None:
+        param = structured_output_field(req)
+        if rf is not None and rf.type != "text":
+            raise invalid(f"'{param}' and 'response_format' cannot both constrain the answer.",
+                          param)
+    elif rf is not None:
+        schema_config = None
+        if rf.json_schema is not None:
+            schema_config = msgspec.to_builtins(rf.json_schema)
+            schema_config["schema"] = rf.json_schema.schema
+        try:
+            constraint = response_format_constraint(rf.type, schema_config, rf.value)
+        except ApiError as exc:
+            raise ApiError(exc.status, exc.message, exc.error_type, param=param) from None
     if constraint is not None and not engine_can_constrain(model):
         raise validation_error(
-            f"`response_format` of type {rf.type!r} is not supported for model {model.name!r}: "
-            f"its engine ({model.engine_spec.name}) cannot constrain decoding",
-            param="response_format")
+            f"`{param}` is not supported for model {model.name!r}: its engine "
+            f"({model.engine_spec.name}) cannot constrain decoding", param=param)
     return constraint
 
 
@@ -308,7 +318,7 @@ def plan_chat(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest) -
 
 
 def _check_chat_fields(req: oai.ChatCompletionRequest) -> None:
-    """OpenAI's rules on chat fields that TGI's checks do not know."""
+    """OpenAI's rules on chat fields that are not generation fields."""
     if not req.messages:
         raise invalid("Invalid 'messages': empty array. Expected an array with minimum "
                       "length 1, but got an empty array instead.", "messages")
@@ -328,40 +338,40 @@ def _check_chat_fields(req: oai.ChatCompletionRequest) -> None:
                           "top_logprobs")
 
 
+def chat_fields(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest
+                ) -> tuple[PlanFields, WireNames]:
+    """Chat's adapter: the request's generation fields, and the names its errors use."""
+    newer = req.max_completion_tokens is not None
+    names = WireNames(max_tokens="max_completion_tokens" if newer else "max_tokens")
+    fields = sampling_fields(
+        gw.settings, model, req, names=names, top_n=req.top_logprobs or 0,
+        max_tokens=req.max_completion_tokens if newer else req.max_tokens)
+    choice_count(req.n)
+    return fields, names
+
+
 def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
                    images: ImageSet | None = None,
-                   encode: PromptEncoder = encode_chat_prompt) -> ChatPlan:
+                   encode: PromptEncoder = encode_chat_prompt,
+                   adapted: tuple[PlanFields, WireNames] | None = None) -> ChatPlan:
     """:func:`plan_chat`, with the request's tool calling (`tools`, `tool_choice`) and its
     `images` (from `switchyard.media.chat_images`, which also rewrote its `image_url` parts).
-    ``encode`` tokenizes the rendered prompt."""
+    ``encode`` tokenizes the rendered prompt; ``adapted`` holds the generation fields when
+    another API's adapter read them (the Responses API plans its prompt as a chat)."""
     _check_chat_fields(req)
+    fields, names = adapted or chat_fields(gw, model, req)
     _reject_unsupported_chat_fields(req)
-    constraint = chat_constraint(model, req)
+    constraint = chat_constraint(model, req, names)
     tools = tool_setup(model, req)
     if tools is not None:
         constraint = tools.constraint
-    newer = req.max_completion_tokens is not None
-    max_tokens = req.max_completion_tokens if newer else req.max_tokens
-    max_param = "max_completion_tokens" if newer else "max_tokens"
-    params = to_parameters(SamplingFields(
-        max_tokens=max_tokens, max_tokens_param=max_param,
-        temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed,
-        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-        top_n_tokens=req.top_logprobs or 0, n=req.n, top_k=req.top_k,
-        repetition_penalty=req.repetition_penalty,
-    ))
-    min_tokens = check_min_tokens(req.min_tokens, max_tokens)
-    check_parameters(params, gw.settings, max_top_n=MAX_TOP_LOGPROBS)
-    bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
     text = chat_prompt(model, req, tools)
     prompt = encode(model, text, images)
-    check_context(len(prompt.ids), max_tokens, model.limits, "messages", max_param)
-    plan = build_plan(
-        prompt.ids, params, model.limits, model.info.eos_token_ids,
-        presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
-        constraint=constraint, images=prompt.images, min_new_tokens=min_tokens,
-        ignore_eos=req.ignore_eos,
-    )
+    ids, kept_images = truncate_prompt(prompt.ids, prompt.images, fields.truncate,
+                                       "truncate_prompt_tokens")
+    check_context(len(ids), fields.max_new_tokens, model.limits, names)
+    plan = build_plan(ids, msgspec.structs.replace(fields, constraint=constraint), model.limits,
+                      model.info.eos_token_ids, kept_images)
     return ChatPlan(plan=plan, tools=tools, prompt_text=text)
 
 
@@ -384,16 +394,15 @@ def _best_of(req: oai.CompletionRequest, n: int) -> int:
     if req.best_of is None:
         return n
     if not n <= req.best_of <= MAX_N:
-        raise validation_error(
-            f"`best_of` must be >= `n` ({n}) and <= {MAX_N}. Given: {req.best_of}",
-            param="best_of")
+        raise invalid(f"Invalid 'best_of': expected a value >= 'n' ({n}) and <= {MAX_N}, but "
+                      f"got {req.best_of} instead.", "best_of")
     if req.stream and req.best_of > n:
-        raise validation_error("`best_of` larger than `n` cannot be streamed", param="best_of")
+        raise invalid("'best_of' larger than 'n' cannot be streamed.", "best_of")
     return req.best_of
 
 
 def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest) -> CompletionPlan:
-    """Validate a completion request: its prompts, and one plan per prompt (one choice each)."""
+    """Completions' adapter: the prompts, and one plan per prompt (one choice each)."""
     # With echo, logprobs cover the prompt's tokens too: the engine scores them in prefill.
     score_prompt = req.echo and req.logprobs is not None
     prompts = completion_prompts(
@@ -416,31 +425,21 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
         raise invalid(
             "'max_tokens' 0 generates nothing and so needs 'echo' (to score the prompt); "
             "without it 'max_tokens' must be at least 1.", "max_tokens")
-    min_tokens = check_min_tokens(req.min_tokens, req.max_tokens)
     n = choice_count(req.n)
     best_of = _best_of(req, n)
-    params = to_parameters(SamplingFields(
+    fields = sampling_fields(
+        gw.settings, model, req, names=COMPLETION_NAMES, top_n=req.logprobs or 0,
         # Scoring runs the engine for one token and drops it: the forward pass over the
         # prompt computes that token's logits anyway, so it costs one sampling row, and
         # engines keep their one rule (every sequence ends with a token event).
-        max_tokens=1 if score_only else req.max_tokens,
-        temperature=req.temperature, top_p=req.top_p, stop=req.stop,
-        seed=req.seed, frequency_penalty=req.frequency_penalty,
-        presence_penalty=req.presence_penalty, top_n_tokens=req.logprobs or 0, n=req.n,
-        top_k=req.top_k, repetition_penalty=req.repetition_penalty,
-    ))
-    params.decoder_input_details = score_prompt
-    check_parameters(params, gw.settings)
-    bias = logit_bias_pairs(req.logit_bias, model.info.vocab_size)
+        max_tokens=1 if score_only else req.max_tokens)
+    fields = msgspec.structs.replace(fields, prompt_logprobs=score_prompt, score_only=score_only,
+                                     constraint=structured_output(req))
+    plans = []
     for prompt in prompts:
-        check_context(len(prompt.ids), None if score_only else req.max_tokens, model.limits,
-                      "prompt")
-    plans = [
-        msgspec.structs.replace(build_plan(
-            list(prompt.ids), params, model.limits, model.info.eos_token_ids,
-            presence_penalty=req.presence_penalty or 0.0, logit_bias=bias, include_stop=False,
-            min_new_tokens=min_tokens, ignore_eos=req.ignore_eos), score_only=score_only)
-        for prompt in prompts
-    ]
+        ids, _ = truncate_prompt(list(prompt.ids), (), fields.truncate, "truncate_prompt_tokens")
+        check_context(len(ids), None if score_only else req.max_tokens, model.limits,
+                      COMPLETION_NAMES)
+        plans.append(build_plan(ids, fields, model.limits, model.info.eos_token_ids))
     return CompletionPlan(prompts=prompts, plans=plans, n=n, best_of=best_of,
                           score_only=score_only)

@@ -149,7 +149,29 @@ _UNUSED = "Accepted, not used: it does not change the answer."
 _REFUSED = "Not supported: any value but null is a 400 naming it."
 
 
-class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs`: one constraint on the generated text."""
+
+    json: Annotated[Any, Meta(description="A JSON schema (an object or its JSON text).")] = None
+    regex: Annotated[str | None, Meta(description="A regular expression.")] = None
+    choice: Annotated[list[str] | None, Meta(
+        description="The text is exactly one of these strings.")] = None
+    grammar: Annotated[str | None, Meta(
+        description="A grammar in xgrammar's EBNF with a `root` rule.")] = None
+    json_object: Annotated[bool | None, Meta(description="Any JSON object.")] = None
+    structural_tag: Annotated[Any, Meta(description=_REFUSED)] = None
+    disable_any_whitespace: Annotated[bool | None, Meta(
+        description="Accepted: JSON grammars here allow no whitespace between tokens "
+                    "beyond what the schema's grammar allows.")] = None
+    disable_fallback: Annotated[bool | None, Meta(description="Accepted: there is one "
+                                                              "backend.")] = None
+    disable_additional_properties: Annotated[bool | None, Meta(
+        description="Not supported: any value but null is refused by name.")] = None
+    whitespace_pattern: Annotated[str | None, Meta(
+        description="Not supported: any value but null is refused by name.")] = None
+
+
+class SamplingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The fields chat and completion requests share; unknown fields are a 400 naming them."""
 
     model: Annotated[str | None, Meta(description=_MODEL)] = None
@@ -169,9 +191,47 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_k: Annotated[int | None, Meta(description=_TOP_K)] = None
     repetition_penalty: Annotated[float | None, Meta(description=_REPETITION)] = None
     ignore_eos: Annotated[bool, Meta(description=_IGNORE_EOS)] = False
+    stop_token_ids: Annotated[list[int] | None, Meta(
+        description="vLLM's extension: token ids that end the text as EOS does "
+                    "(`finish_reason` `stop`; the token's text is left out).")] = None
+    include_stop_str_in_output: Annotated[bool | None, Meta(
+        description="vLLM's extension: keep the matched stop string (or stop token's "
+                    "text) at the end of the text.")] = None
+    skip_special_tokens: Annotated[bool | None, Meta(
+        description="vLLM's extension: false keeps special tokens' text in the output "
+                    "(default true).")] = None
+    spaces_between_special_tokens: Annotated[bool | None, Meta(
+        description="vLLM's extension: only true (the default) is served.")] = None
+    truncate_prompt_tokens: Annotated[int | None, Meta(
+        description="vLLM's extension: keep only the last this many prompt tokens "
+                    "(-1: the longest prompt the model takes).")] = None
+    min_p: Annotated[float | None, Meta(description=_REFUSED + " (vLLM's min-p)")] = None
+    allowed_token_ids: Annotated[list[int] | None, Meta(description=_REFUSED)] = None
+    bad_words: Annotated[list[str] | None, Meta(description=_REFUSED)] = None
+    structured_outputs: Annotated[StructuredOutputs | None, Meta(
+        description="vLLM's extension: constrain the text (`json`, `regex`, `choice`, "
+                    "`grammar`), through the grammar engine `response_format` uses.")] = None
+    guided_json: Annotated[Any, Meta(description="vLLM's older name of "
+                                                 "`structured_outputs.json`.")] = None
+    guided_regex: Annotated[str | None, Meta(description="vLLM's older name of "
+                                                         "`structured_outputs.regex`.")] = None
+    guided_choice: Annotated[list[str] | None, Meta(
+        description="vLLM's older name of `structured_outputs.choice`.")] = None
+    guided_grammar: Annotated[str | None, Meta(
+        description="vLLM's older name of `structured_outputs.grammar`.")] = None
+    guided_decoding_backend: Annotated[str | None, Meta(
+        description="`xgrammar` or `auto` (the one grammar engine); others are a 400.")] = None
+    return_token_ids: Annotated[bool | None, Meta(
+        description="vLLM's extension: the answer carries `prompt_token_ids` and each "
+                    "choice's `token_ids`.")] = None
+    return_tokens_as_token_ids: Annotated[bool | None, Meta(
+        description="vLLM's extension: logprob tokens are written `token_id:N`.")] = None
+    prompt_logprobs: Annotated[int | None, Meta(
+        description="vLLM's extension: the prompt tokens' log-probabilities with this many "
+                    "alternatives per position, in `prompt_logprobs`.")] = None
 
 
-class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+class ChatCompletionRequest(SamplingRequest, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/chat/completions`."""
 
     messages: Annotated[list[ChatMessageIn], Meta(description="The conversation so far.")]
@@ -209,11 +269,26 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     reasoning_effort: Annotated[Any, Meta(description=_REFUSED + " (no reasoning models)")] = None
     verbosity: Annotated[Any, Meta(description=_REFUSED)] = None
     web_search_options: Annotated[Any, Meta(description=_REFUSED)] = None
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Meta(
+        description="vLLM's extension: extra arguments for the chat template (e.g. "
+                    "`enable_thinking`).")] = None
+    add_generation_prompt: Annotated[bool | None, Meta(
+        description="vLLM's extension: end the prompt with the assistant's turn opening "
+                    "(default true).")] = None
+    continue_final_message: Annotated[bool | None, Meta(
+        description="vLLM's extension: continue the last (assistant) message instead of "
+                    "starting a new one.")] = None
+    echo: Annotated[bool | None, Meta(
+        description="vLLM's extension: when the last message is the assistant's, the "
+                    "answer's content starts with it.")] = None
+    chat_template: Annotated[str | None, Meta(
+        description=_REFUSED + " (the model's own template is used)")] = None
+    documents: Annotated[Any, Meta(description=_REFUSED)] = None
     functions: Annotated[Any, Meta(description=_REFUSED + " Use `tools`.")] = None
     function_call: Annotated[Any, Meta(description=_REFUSED + " Use `tool_choice`.")] = None
 
 
-class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+class CompletionRequest(SamplingRequest, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/completions`."""
 
     prompt: Annotated[str | list[str | int | list[int]], Meta(
@@ -477,11 +552,47 @@ class ModelCard(msgspec.Struct):
         description="For a LoRA adapter: the folder it was loaded from; null for a model.")] = None
 
 
+class ReasoningLevel(msgspec.Struct, kw_only=True):
+    """A reasoning effort a model takes, in Codex's catalog."""
+
+    effort: str
+    description: str
+
+
+class TruncationPolicy(msgspec.Struct, kw_only=True):
+    """How Codex trims tool output for a model (`mode` `tokens` or `bytes`)."""
+
+    mode: str
+    limit: int
+
+
+class CodexModel(msgspec.Struct, kw_only=True):
+    """A served model in the catalog shape the Codex CLI reads (its `ModelInfo`)."""
+
+    slug: str
+    display_name: str
+    context_window: int
+    supported_reasoning_levels: list[ReasoningLevel]
+    shell_type: str
+    visibility: str
+    supported_in_api: bool
+    priority: int
+    support_verbosity: bool
+    truncation_policy: TruncationPolicy
+    experimental_supported_tools: list[str]
+    base_instructions: str
+    input_modalities: list[str]
+    description: str | None = None
+
+
 class ModelList(msgspec.Struct):
     """Body of `GET /v1/models`."""
 
     data: Annotated[list[ModelCard], Meta(description="The served models.")]
     object: Annotated[str, Meta(description="Always `list`.")] = "list"
+    models: Annotated[list[CodexModel] | msgspec.UnsetType, Meta(
+        description="With `?client_version=...` (the Codex CLI's catalog request): the "
+                    "generation models in Codex's catalog shape.")] = msgspec.UNSET
 
 
 class ErrorDetail(msgspec.Struct):

@@ -69,8 +69,12 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     temperature: Annotated[float | None, Meta(description="0 to 2; 0 is greedy. Default 1.")] = None
     top_p: Annotated[float | None, Meta(description="Nucleus sampling.")] = None
     tools: Annotated[list[Any] | None, Meta(
-        description="Function tools (flat: `{type, name, description, parameters, strict}`); "
-                    "any other tool type is a 400 naming it.")] = None
+        description="Tools: `function` (flat: `{type, name, description, parameters, "
+                    "strict}`), `custom` (free-form input, optionally a `regex` grammar) and "
+                    "`namespace` (functions grouped under a name) are offered to the model; "
+                    "hosted tools (`web_search`, `file_search`, ...) are left out and named "
+                    "in the `X-Switchyard-Omitted-Tools` header (a 400 under "
+                    "`--strict-hosted-tools`).")] = None
     tool_choice: Annotated[Any, Meta(
         description="`auto`, `none`, `required`, or `{type: function, name}`.")] = None
     parallel_tool_calls: Annotated[bool | None, Meta(
@@ -79,7 +83,12 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                                                           "answer (1: no parallel calls).")] = None
     text: Annotated[TextConfig | None, Meta(description="The output's format.")] = None
     include: Annotated[list[str] | None, Meta(
-        description="`message.output_text.logprobs` adds logprobs to output text.")] = None
+        description="`message.output_text.logprobs` adds logprobs to output text; "
+                    "`reasoning.encrypted_content` is accepted (no reasoning items are "
+                    "produced); any other value is a 400 naming it.")] = None
+    client_metadata: Annotated[dict[str, Any] | None, Meta(
+        description="Client ids (Codex sends its session, thread and turn): request "
+                    "metadata, no effect on the answer; stored with the response.")] = None
     top_logprobs: Annotated[int | None, Meta(
         description="With the logprobs include: most likely tokens per position (0 to 20).")
     ] = None
@@ -194,6 +203,20 @@ class FunctionCallItem(msgspec.Struct, tag="function_call", tag_field="type", kw
     name: str
     arguments: str
     status: ItemStatus = "completed"
+    namespace: str | msgspec.UnsetType = msgspec.UNSET
+    """The `namespace` tool the function belongs to (absent for a top-level function)."""
+
+
+class CustomToolCallItem(msgspec.Struct, tag="custom_tool_call", tag_field="type",
+                         kw_only=True):
+    """A call of a `custom` tool: its free-form `input`; `call_id` pairs it with its output."""
+
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: ItemStatus = "completed"
+    namespace: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class FunctionCallOutputItem(msgspec.Struct, tag="function_call_output", tag_field="type",
@@ -206,8 +229,23 @@ class FunctionCallOutputItem(msgspec.Struct, tag="function_call_output", tag_fie
     status: ItemStatus = "completed"
 
 
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class CustomToolCallOutputItem(msgspec.Struct, tag="custom_tool_call_output", tag_field="type",
+                               kw_only=True):
+    """A custom tool's result, for the call with the same `call_id`."""
+
+    id: str
+    call_id: str
+    output: str
+    status: ItemStatus = "completed"
+
+
+Item = (MessageItem | FunctionCallItem | CustomToolCallItem | FunctionCallOutputItem
+        | CustomToolCallOutputItem)
 """Every item a conversation holds, input or output."""
+CallItem = FunctionCallItem | CustomToolCallItem
+"""A call the model made."""
+CallOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
+"""A call's result, sent by the client."""
 
 
 class FunctionTool(msgspec.Struct, tag="function", tag_field="type", kw_only=True):
@@ -217,6 +255,41 @@ class FunctionTool(msgspec.Struct, tag="function", tag_field="type", kw_only=Tru
     description: str | None = None
     parameters: Any = None
     strict: bool | None = None
+
+
+class CustomToolFormat(msgspec.Struct, kw_only=True):
+    """A custom tool's input format: free `text`, or a `grammar` (`regex` or `lark` syntax)."""
+
+    type: str = "text"
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class CustomTool(msgspec.Struct, tag="custom", tag_field="type", kw_only=True):
+    """A tool whose input is free-form text, optionally held to a grammar."""
+
+    name: str
+    description: str | None = None
+    format: CustomToolFormat = msgspec.field(default_factory=CustomToolFormat)
+
+
+class NamespaceTool(msgspec.Struct, tag="namespace", tag_field="type", kw_only=True):
+    """Function and custom tools grouped under a name; calls carry it as `namespace`."""
+
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool | CustomTool] = msgspec.field(default_factory=list)
+
+
+class HostedTool(msgspec.Struct, kw_only=True):
+    """A tool the server would run itself (`web_search`, `file_search`, ...): this server
+    runs none, so it is left out of the prompt (see docs/api.md)."""
+
+    type: str
+
+
+Tool = FunctionTool | CustomTool | NamespaceTool
+"""A tool the client runs: the Responses API's typed tools."""
 
 
 class FunctionChoice(msgspec.Struct, tag="function", tag_field="type", kw_only=True):
@@ -287,7 +360,7 @@ class Response(msgspec.Struct, kw_only=True):
     top_logprobs: int = 0
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: str | FunctionChoice = "auto"
-    tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    tools: list[FunctionTool | CustomTool | NamespaceTool] = msgspec.field(default_factory=list)
     truncation: str = "disabled"
     store: bool = True
     background: bool = False
@@ -296,6 +369,7 @@ class Response(msgspec.Struct, kw_only=True):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    client_metadata: dict[str, Any] | None = None
 
 
 class DeletedResponse(msgspec.Struct, kw_only=True):

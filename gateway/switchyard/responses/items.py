@@ -3,9 +3,9 @@
 `input` items are told apart by `type`, which a message may leave out
 (`{"role": "user", "content": "hi"}`); each is checked on its own so that an
 error names the exact field (`input[2].call_id`). Items without an `id` get
-one (`msg_...`, `fc_...`, `fco_...`) so that `GET .../input_items` can list
-and page them. Tools other than functions are refused by type: the server
-cannot run them, and dropping them would change what the model is told.
+one (`msg_...`, `fc_...`, `fco_...`, `ctc_...`, `ctco_...`) so that
+`GET .../input_items` can list and page them. Tools are read in
+`switchyard.responses.tools`.
 """
 
 from __future__ import annotations
@@ -107,23 +107,39 @@ def read_item(raw: Any, param: str) -> rs.Item | None:
         except ValueError:
             raise invalid(f"Invalid '{param}.arguments': not valid JSON text.",
                           f"{param}.arguments") from None
+        namespace = item.get("namespace")
         return rs.FunctionCallItem(id=item.get("id") or new_id("fc"),
                                    call_id=_string(item, "call_id", param),
-                                   name=_string(item, "name", param), arguments=arguments)
-    if kind == "function_call_output":
+                                   name=_string(item, "name", param), arguments=arguments,
+                                   namespace=namespace if isinstance(namespace, str)
+                                   else msgspec.UNSET)
+    if kind == "custom_tool_call":
+        namespace = item.get("namespace")
+        return rs.CustomToolCallItem(id=item.get("id") or new_id("ctc"),
+                                     call_id=_string(item, "call_id", param),
+                                     name=_string(item, "name", param),
+                                     input=_string(item, "input", param),
+                                     namespace=namespace if isinstance(namespace, str)
+                                     else msgspec.UNSET)
+    if kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         if isinstance(output, list):  # content parts: their text, in order
             output = "".join(p.text for p in _content(output, "user", f"{param}.output")
                              if isinstance(p, rs.InputText | rs.OutputText))
         if not isinstance(output, str):
             raise invalid(f"Invalid '{param}.output': expected a string.", f"{param}.output")
+        if kind == "custom_tool_call_output":
+            return rs.CustomToolCallOutputItem(id=item.get("id") or new_id("ctco"),
+                                               call_id=_string(item, "call_id", param),
+                                               output=output)
         return rs.FunctionCallOutputItem(id=item.get("id") or new_id("fco"),
                                          call_id=_string(item, "call_id", param), output=output)
     if kind in IGNORED_ITEMS:
         return None
     raise invalid(f"Invalid value for '{param}.type': {kind!r} is not an input item this "
-                  "server reads (it reads message, function_call, function_call_output; "
-                  "reasoning items are accepted and left out of the prompt).", f"{param}.type")
+                  "server reads (it reads message, function_call, function_call_output, "
+                  "custom_tool_call, custom_tool_call_output; reasoning items are accepted "
+                  "and left out of the prompt).", f"{param}.type")
 
 
 def read_input(value: str | list[Any]) -> list[rs.Item]:
@@ -136,33 +152,14 @@ def read_input(value: str | list[Any]) -> list[rs.Item]:
 
 
 def check_calls(history: list[rs.Item], inputs: list[rs.Item]) -> None:
-    """Every `function_call_output` answers a `function_call` made before it."""
-    called = {item.call_id for item in history if isinstance(item, rs.FunctionCallItem)}
+    """Every call output answers a call made before it."""
+    called = {item.call_id for item in history if isinstance(item, rs.CallItem)}
     for i, item in enumerate(inputs):
-        if isinstance(item, rs.FunctionCallItem):
+        if isinstance(item, rs.CallItem):
             called.add(item.call_id)
-        elif isinstance(item, rs.FunctionCallOutputItem) and item.call_id not in called:
+        elif isinstance(item, rs.CallOutputItem) and item.call_id not in called:
             raise invalid(f"No tool call found for function call output with call_id "
                           f"{item.call_id!r}.", f"input[{i}].call_id")
-
-
-def read_tools(tools: list[Any] | None) -> list[rs.FunctionTool]:
-    """`tools`: function tools only; any other type is a 400 that names it."""
-    out: list[rs.FunctionTool] = []
-    for i, raw in enumerate(tools or []):
-        where = f"tools[{i}]"
-        tool = _object(raw, where)
-        kind = tool.get("type")
-        if kind != "function":
-            raise invalid(f"Tool type {kind!r} ({where}) is not supported: this server runs "
-                          "no built-in tools and serves only 'function' tools, which the "
-                          "client runs.", f"{where}.type")
-        if "function" in tool and "name" not in tool:
-            raise invalid(f"Invalid '{where}': the Responses API's tools are flat "
-                          "({type, name, parameters}), not nested under 'function' as on "
-                          "chat completions.", f"{where}.name")
-        out.append(_convert(tool, rs.FunctionTool, where))
-    return out
 
 
 def read_tool_choice(value: Any) -> str | rs.FunctionChoice:
@@ -175,9 +172,9 @@ def read_tool_choice(value: Any) -> str | rs.FunctionChoice:
                           f"'required' or an object, but got {value!r}.", "tool_choice")
         return value
     choice = _object(value, "tool_choice")
-    if choice.get("type") != "function":
-        raise invalid(f"Invalid value for 'tool_choice.type': only 'function' choices are "
-                      f"served, got {choice.get('type')!r}.", "tool_choice.type")
+    if choice.get("type") not in ("function", "custom"):
+        raise invalid(f"Invalid value for 'tool_choice.type': only 'function' and 'custom' "
+                      f"choices are served, got {choice.get('type')!r}.", "tool_choice.type")
     return rs.FunctionChoice(name=_string(choice, "name", "tool_choice"))
 
 

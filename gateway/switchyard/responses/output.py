@@ -2,8 +2,9 @@
 
 `OutputBuilder` turns each step into events: an assistant `message` item
 with one `output_text` part whose text grows by deltas, and, when the turn
-has tools, a `function_call` item per call the parser reads, whose
-`arguments` grow by deltas. An item is closed (its `.done` events, then
+has tools, a call item per call the parser reads: a `function_call` whose
+`arguments` grow by deltas (with its `namespace` where its tool has one), or
+a `custom_tool_call` whose `input` arrives whole when the call is done. An item is closed (its `.done` events, then
 `output_item.done`) before the next one opens, and the finished items are
 what the response's `output` holds, ids included, so a stream and the final
 object always agree.
@@ -19,6 +20,7 @@ from switchyard.generation import Finished, Step
 from switchyard.protocol import responses as rs
 from switchyard.protocol import responses_events as ev
 from switchyard.responses.items import new_id
+from switchyard.responses.tools import ToolSet, call_item
 from switchyard.text.tokenizer import TextTokenizer
 from switchyard.tools.calls import ToolCallParser, ToolEvent
 from switchyard.tools.openai import ToolSetup, step_text
@@ -63,9 +65,11 @@ class OutputBuilder:
     """Reads one generation's steps into output items and the events that build them."""
 
     def __init__(self, tokenizer: TextTokenizer, tools: ToolSetup | None,
-                 logprobs: bool) -> None:
+                 logprobs: bool, offered: ToolSet | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools
+        self.offered = offered or ToolSet(tools=[])
+        """The client's tools, which the model's calls are mapped back to."""
         self.logprobs = logprobs
         self.parser = ToolCallParser(tools.format, tools.functions) if tools else None
         self.items: list[rs.Item] = []
@@ -116,11 +120,13 @@ class OutputBuilder:
         if event.kind == "call":
             out = self._close(False)
             call = self._call = _Call(len(self.items), event.call_id, event.name)
-            item = rs.FunctionCallItem(id=call.id, call_id=call.call_id, name=call.name,
-                                       arguments="", status="in_progress")
+            item = call_item(self.offered, call.id, call.call_id, call.name, "", "in_progress")
             return out + [ev.OutputItemAdded(output_index=call.index, item=item)]
         assert self._call is not None
         self._call.arguments.append(event.text)
+        if not isinstance(call_item(self.offered, "", "", self._call.name, "", "in_progress"),
+                          rs.FunctionCallItem):
+            return []  # a custom tool's input is not its JSON arguments: it comes whole
         return [ev.FunctionCallArgumentsDelta(item_id=self._call.id,
                                               output_index=self._call.index, delta=event.text)]
 
@@ -164,11 +170,12 @@ class OutputBuilder:
             parsed = next((p for p in self.parser.calls if p.id == c.call_id), None) \
                 if self.parser is not None else None
             done = parsed is not None and parsed.complete and not cut
-            item = rs.FunctionCallItem(id=c.id, call_id=c.call_id, name=c.name,
-                                       arguments=arguments,
-                                       status="completed" if done else "incomplete")
-            self.items.append(item)
+            call = call_item(self.offered, c.id, c.call_id, c.name, arguments,
+                             "completed" if done else "incomplete")
+            self.items.append(call)
+            if isinstance(call, rs.CustomToolCallItem):
+                return [ev.OutputItemDone(output_index=c.index, item=call)]
             return [ev.FunctionCallArgumentsDone(item_id=c.id, output_index=c.index,
-                                                 name=c.name, arguments=arguments),
-                    ev.OutputItemDone(output_index=c.index, item=item)]
+                                                 name=call.name, arguments=arguments),
+                    ev.OutputItemDone(output_index=c.index, item=call)]
         return []

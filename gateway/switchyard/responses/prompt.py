@@ -4,9 +4,11 @@ The conversation (earlier turns' items, then this request's) becomes chat
 messages: `instructions` a system message first (this turn's only: OpenAI
 does not carry them over), `developer` messages system messages, function
 calls an assistant message's `tool_calls` and their outputs `tool` messages.
-The chat route's planner then renders, tokenizes and checks it, so a
-Responses request and a chat request for the same messages get the same
-prompt and the same answer.
+The chat route's planner then renders and tokenizes it, so a Responses
+request and a chat request for the same messages get the same prompt and the
+same answer. The generation fields are read by this API's own adapter
+(`responses_fields`) and checked in its own names (`max_output_tokens`,
+`input`, `text.format`).
 
 Chained turns extend their tokens: a turn's prompt is the chat route's
 tokenization when that starts with the tokens an earlier turn ended with
@@ -18,35 +20,32 @@ turn, and a chain is not re-prefilled from the start each turn.
 
 from __future__ import annotations
 
-import re
-
 from switchyard.errors import ApiError
 from switchyard.media import EncodedPrompt, ImageSet, chat_images
 from switchyard.models.served import ServedModel
 from switchyard.openai_mapping.plans import (
     CONTEXT_EXCEEDED,
     ChatPlan,
+    WireNames,
     encode_chat_prompt,
     invalid,
     plan_chat_call,
 )
+from switchyard.planning.fields import PlanFields
+from switchyard.planning.rules import check_fields
 from switchyard.protocol import openai as oai
 from switchyard.protocol import responses as rs
 from switchyard.responses.store import Anchor
+from switchyard.responses.tools import ToolSet, model_call
 from switchyard.state import Gateway
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-INCLUDES = (LOGPROBS_INCLUDE,)
-"""`include` values served; others are a 400 naming them."""
-_CHAT_PARAMS = {
-    "messages": "input", "max_completion_tokens": "max_output_tokens",
-    "max_tokens": "max_output_tokens", "response_format": "text.format",
-    "logprobs": "top_logprobs", "n": None,
-}
-_CHAT_WORDS = [(re.compile(r"'max_completion_tokens'"), "'max_output_tokens'"),
-               (re.compile(r"\byour messages\b"), "your input"),
-               (re.compile(r"\bof the messages\b"), "of the input"),
-               (re.compile(r"`response_format`"), "`text.format`")]
+REASONING_INCLUDE = "reasoning.encrypted_content"
+INCLUDES = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
+"""`include` values served; others are a 400 naming them. Reasoning content is accepted
+and adds nothing: no served model has a reasoning format, so there are no reasoning items."""
+RESPONSES_NAMES = WireNames(prompt="input", max_tokens="max_output_tokens",
+                            response_format="text.format")
 
 
 def _text_parts(content: list[rs.ContentPart]) -> str | list[oai.ContentPart]:
@@ -66,8 +65,11 @@ def _text_parts(content: list[rs.ContentPart]) -> str | list[oai.ContentPart]:
     return parts
 
 
-def chat_messages(instructions: str | None, items: list[rs.Item]) -> list[oai.ChatMessageIn]:
-    """The conversation as chat messages (calls folded into the assistant's message)."""
+def chat_messages(instructions: str | None, items: list[rs.Item],
+                  tools: ToolSet) -> list[oai.ChatMessageIn]:
+    """The conversation as chat messages (calls folded into the assistant's message, under
+    the names the model was offered their tools by). An empty conversation (a client's probe
+    request) is one empty user message."""
     out: list[oai.ChatMessageIn] = []
     if instructions:
         out.append(oai.ChatMessageIn(role="system", content=instructions))
@@ -75,9 +77,10 @@ def chat_messages(instructions: str | None, items: list[rs.Item]) -> list[oai.Ch
         if isinstance(item, rs.MessageItem):
             role = "system" if item.role == "developer" else item.role
             out.append(oai.ChatMessageIn(role=role, content=_text_parts(item.content)))
-        elif isinstance(item, rs.FunctionCallItem):
+        elif isinstance(item, rs.CallItem):
+            name, arguments = model_call(tools, item)
             call = oai.ToolCall(id=item.call_id, function=oai.FunctionCall(
-                name=item.name, arguments=item.arguments))
+                name=name, arguments=arguments))
             last = out[-1] if out else None
             if last is not None and last.role == "assistant" and (
                     last.tool_calls or isinstance(last.content, str)):
@@ -87,6 +90,8 @@ def chat_messages(instructions: str | None, items: list[rs.Item]) -> list[oai.Ch
         else:
             out.append(oai.ChatMessageIn(role="tool", content=item.output,
                                          tool_call_id=item.call_id))
+    if not any(m.role != "system" for m in out):
+        out.append(oai.ChatMessageIn(role="user", content=""))
     return out
 
 
@@ -107,7 +112,7 @@ def _response_format(text: rs.TextConfig | None) -> oai.ResponseFormat | None:
 
 
 def wants_logprobs(include: list[str] | None) -> bool:
-    """Whether `include` asks for output text logprobs (other values are a 400)."""
+    """Whether `include` asks for output text logprobs (values not served are a 400)."""
     for i, value in enumerate(include or []):
         if value not in INCLUDES:
             raise invalid(f"Invalid value for 'include[{i}]': {value!r} is not served (this "
@@ -115,7 +120,7 @@ def wants_logprobs(include: list[str] | None) -> bool:
     return LOGPROBS_INCLUDE in (include or [])
 
 
-def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.FunctionTool],
+def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: ToolSet,
                  choice: str | rs.FunctionChoice) -> oai.ChatCompletionRequest:
     """The chat request that stands for this turn."""
     logprobs = wants_logprobs(req.include)
@@ -123,10 +128,11 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.
         # OpenAI accepts it alone; it then has nothing to return: say so.
         raise invalid(f"'top_logprobs' needs include: [\"{LOGPROBS_INCLUDE}\"].",
                       "top_logprobs")
-    if logprobs and tools and choice != "none":
+    offered = tools.chat_tools()
+    if logprobs and offered and choice != "none":
         raise invalid("Output text logprobs are not served together with function tools: "
                       "the tokens of a call are not output text.", "include")
-    if not tools and choice not in ("auto", "none"):
+    if not offered and choice not in ("auto", "none"):
         raise invalid("Invalid value for 'tool_choice': 'tool_choice' is only allowed when "
                       "'tools' are specified.", "tool_choice")
     calls = req.parallel_tool_calls
@@ -138,18 +144,25 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: list[rs.
             calls = False
     return oai.ChatCompletionRequest(
         model=req.model,
-        messages=chat_messages(req.instructions, items),
-        max_completion_tokens=req.max_output_tokens,
-        temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+        messages=chat_messages(req.instructions, items, tools),
         logprobs=logprobs or None, top_logprobs=req.top_logprobs if logprobs else None,
         response_format=_response_format(req.text),
-        tools=[oai.Tool(function=oai.FunctionDefinition(
-            name=t.name, description=t.description, parameters=t.parameters,
-            strict=t.strict)) for t in tools] or None,
+        tools=offered,
         tool_choice=(choice if isinstance(choice, str) else oai.NamedToolChoice(
-            function=oai.FunctionName(name=choice.name))) if tools else None,
+            function=oai.FunctionName(name=tools.model_name(choice.name, None))))
+        if offered else None,
         parallel_tool_calls=calls,
     )
+
+
+def responses_fields(req: rs.ResponsesRequest, top_n: int) -> PlanFields:
+    """The Responses API's adapter: the request's generation fields, checked in its names."""
+    fields = PlanFields(
+        do_sample=req.temperature != 0.0, temperature=req.temperature, top_p=req.top_p,
+        seed=req.seed, max_new_tokens=req.max_output_tokens, include_stop=False,
+        top_n_tokens=top_n, details=True)
+    check_fields("openai", fields, RESPONSES_NAMES.renames())
+    return fields
 
 
 def anchored(anchors: tuple[Anchor, ...]):
@@ -175,22 +188,8 @@ def anchored(anchors: tuple[Anchor, ...]):
     return encode
 
 
-def responses_error(exc: ApiError) -> ApiError:
-    """A chat planner's error in the Responses API's field names."""
-    if exc.param is None:
-        return exc
-    field = exc.param.partition(".")[0].split("[", 1)[0]
-    if field not in _CHAT_PARAMS:
-        return exc
-    mapped = _CHAT_PARAMS[field]
-    message = exc.message
-    for pattern, word in _CHAT_WORDS:
-        message = pattern.sub(word, message)
-    return ApiError(exc.status, message, exc.error_type, param=mapped, code=exc.code)
-
-
 async def plan_turn(gw: Gateway, model: ServedModel, req: rs.ResponsesRequest,
-                    items: list[rs.Item], tools: list[rs.FunctionTool],
+                    items: list[rs.Item], tools: ToolSet,
                     choice: str | rs.FunctionChoice,
                     anchors: tuple[Anchor, ...]) -> tuple[ChatPlan, list[rs.Item]]:
     """Plan the turn; with `truncation: auto`, the oldest items are dropped until it fits.
@@ -200,23 +199,24 @@ async def plan_turn(gw: Gateway, model: ServedModel, req: rs.ResponsesRequest,
     kept = list(items)
     while True:
         chat = chat_request(req, kept, tools, choice)
+        fields = responses_fields(req, chat.top_logprobs or 0)
         try:
             chat, images = await chat_images(gw, model, chat)
-            return plan_chat_call(gw, model, chat, images, anchored(anchors)), kept
+            return plan_chat_call(gw, model, chat, images, anchored(anchors),
+                                  adapted=(fields, RESPONSES_NAMES)), kept
         except ApiError as exc:
             if (req.truncation == "auto" and exc.code == CONTEXT_EXCEEDED
-                    and exc.param == "messages" and len(kept) > 1):
+                    and exc.param == RESPONSES_NAMES.prompt and len(kept) > 1):
                 kept = _drop_oldest(kept)
                 continue
-            raise responses_error(exc) from None
+            raise
 
 
 def _drop_oldest(items: list[rs.Item]) -> list[rs.Item]:
     """The conversation without its oldest item, and without outputs of calls it lost."""
     rest = items[1:]
-    called = {i.call_id for i in rest if isinstance(i, rs.FunctionCallItem)}
-    return [i for i in rest
-            if not (isinstance(i, rs.FunctionCallOutputItem) and i.call_id not in called)]
+    called = {i.call_id for i in rest if isinstance(i, rs.CallItem)}
+    return [i for i in rest if not (isinstance(i, rs.CallOutputItem) and i.call_id not in called)]
 
 
 def check_truncation(value: str | None) -> None:

@@ -24,6 +24,7 @@ from switchyard.protocol import responses_events as ev
 from switchyard.responses.live import LiveResponse, Responses
 from switchyard.responses.output import OutputBuilder
 from switchyard.responses.store import Anchor
+from switchyard.responses.tools import ToolSet
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +33,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     model: ServedModel
     plan: ChatPlan
     logprobs: bool
+    tools: ToolSet = msgspec.field(default_factory=lambda: ToolSet(tools=[]))
+    """The client's tools, which the model's calls are mapped back to."""
 
 
 def snapshot(response: rs.Response) -> rs.Response:
@@ -68,7 +71,7 @@ async def run_turn(turn: Turn, live: LiveResponse, responses: Responses) -> None
     live.emit(ev.ResponseInProgress(response=snapshot(response)))
     if storing:
         responses.store.put(record)
-    builder = OutputBuilder(turn.model.tokenizer, turn.plan.tools, turn.logprobs)
+    builder = OutputBuilder(turn.model.tokenizer, turn.plan.tools, turn.logprobs, turn.tools)
     run = start(turn.model, turn.plan.plan, "responses")
     output_ids: list[int] = []
     try:

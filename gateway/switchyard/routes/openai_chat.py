@@ -35,7 +35,7 @@ from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason
 from switchyard.openai_mapping.plans import choice_count, plan_chat_call
 from switchyard.tools.openai import ToolSetup, ToolStreamer, tool_message
 from switchyard.state import Gateway
-from switchyard.validation import GenerationPlan, fan_out
+from switchyard.planning.plan import GenerationPlan, fan_out
 
 
 def chat_logprobs(model: ServedModel, steps: Sequence[Step]) -> oai.ChoiceLogprobs:

@@ -50,7 +50,7 @@ from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason
 from switchyard.openai_mapping.plans import CompletionPlan, plan_completion
 from switchyard.state import Gateway
 from switchyard.text.echo import EchoedPrompt
-from switchyard.validation import fan_out
+from switchyard.planning.plan import fan_out
 
 
 class _Answer:

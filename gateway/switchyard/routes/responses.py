@@ -27,18 +27,12 @@ from switchyard.protocol import responses as rs
 from switchyard.protocol import responses_events as ev
 from switchyard.remote import forward as remote
 from switchyard.remote.model import RemoteModel
-from switchyard.responses.items import (
-    check_calls,
-    new_id,
-    not_found,
-    read_input,
-    read_tool_choice,
-    read_tools,
-)
+from switchyard.responses.items import check_calls, new_id, not_found, read_input, read_tool_choice
 from switchyard.responses.live import LiveResponse, Responses, replay
 from switchyard.responses.prompt import check_truncation, plan_turn, wants_logprobs
 from switchyard.responses.runner import Turn, run_background, run_turn, snapshot, stream_turn
 from switchyard.responses.store import ACTIVE, StoredResponse
+from switchyard.responses.tools import OMITTED_HEADER, ToolSet, read_tools
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
@@ -49,9 +43,15 @@ MAX_METADATA = 16
 _REFUSED = ("conversation", "prompt")
 
 
-def _events(frames: Any) -> Stream:
+def _events(frames: Any, tools: ToolSet | None = None) -> Stream:
     return Stream(frames, media_type="text/event-stream",
-                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                           **_omitted(tools)})
+
+
+def _omitted(tools: ToolSet | None) -> dict[str, str]:
+    """The header that names the hosted tools left out of the prompt (none: no header)."""
+    return {OMITTED_HEADER: ", ".join(tools.omitted)} if tools and tools.omitted else {}
 
 
 def _check_fields(data: rs.ResponsesRequest, responses: Responses) -> bool:
@@ -93,7 +93,7 @@ def _previous(responses: Responses, data: rs.ResponsesRequest | rs.InputTokensRe
     return record
 
 
-def _response(data: rs.ResponsesRequest, model: ServedModel, tools: list[rs.FunctionTool],
+def _response(data: rs.ResponsesRequest, model: ServedModel, tools: ToolSet,
               choice: str | rs.FunctionChoice, storing: bool) -> rs.Response:
     """The response object before generation, with the request's fields echoed."""
     return rs.Response(
@@ -106,11 +106,11 @@ def _response(data: rs.ResponsesRequest, model: ServedModel, tools: list[rs.Func
         temperature=1.0 if data.temperature is None else data.temperature,
         top_p=1.0 if data.top_p is None else data.top_p,
         top_logprobs=data.top_logprobs or 0, text=data.text or rs.TextConfig(),
-        tool_choice=choice, tools=tools, truncation=data.truncation or "disabled",
+        tool_choice=choice, tools=tools.tools, truncation=data.truncation or "disabled",
         store=storing, background=bool(data.background),
         reasoning=data.reasoning or rs.Reasoning(), service_tier=data.service_tier or "default",
         user=data.user, safety_identifier=data.safety_identifier,
-        prompt_cache_key=data.prompt_cache_key,
+        prompt_cache_key=data.prompt_cache_key, client_metadata=data.client_metadata,
     )
 
 
@@ -125,7 +125,7 @@ async def create(gw: Gateway, data: rs.ResponsesRequest, raw: bytes) -> Response
     storing = _check_fields(data, responses)
     previous = _previous(responses, data)
     inputs = read_input(data.input)
-    tools = read_tools(data.tools)
+    tools = read_tools(data.tools, gw.settings.strict_hosted_tools)
     choice = read_tool_choice(data.tool_choice)
     history = previous.conversation if previous is not None else []
     check_calls(history, inputs)
@@ -137,7 +137,7 @@ async def create(gw: Gateway, data: rs.ResponsesRequest, raw: bytes) -> Response
     record = StoredResponse(response=response, history=history[dropped:],
                             inputs=inputs[max(0, dropped - len(history)):])
     live = LiveResponse(record, keep_events=bool(data.stream or data.background))
-    turn = Turn(model=model, plan=plan, logprobs=wants_logprobs(data.include))
+    turn = Turn(model=model, plan=plan, logprobs=wants_logprobs(data.include), tools=tools)
     if data.background:
         model.admission.check()
         live.emit(ev.ResponseCreated(response=snapshot(response)))
@@ -148,19 +148,19 @@ async def create(gw: Gateway, data: rs.ResponsesRequest, raw: bytes) -> Response
         live.task = asyncio.get_running_loop().create_task(
             run_background(turn, live, responses), context=contextvars.Context())
         if data.stream:
-            return _events(ev.sse_frame(e) async for e in live.follow())
-        return Response(snapshot(response), status_code=200)
+            return _events((ev.sse_frame(e) async for e in live.follow()), tools)
+        return Response(snapshot(response), status_code=200, headers=_omitted(tools))
     if data.stream:
         model.admission.check()  # 429 before the stream starts
         live.emit(ev.ResponseCreated(response=snapshot(response)))
         responses.running[response.id] = live
-        return _events(stream_turn(turn, live, responses))
+        return _events(stream_turn(turn, live, responses), tools)
     model.admission.acquire()
     try:
         await run_turn(turn, live, responses)
     finally:
         model.admission.release()
-    return Response(response, status_code=200)
+    return Response(response, status_code=200, headers=_omitted(tools))
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses: create", tags=["OpenAI"],
@@ -280,7 +280,7 @@ async def count_input_tokens(gw: NamedDependency[Gateway],
     check_truncation(data.truncation)
     previous = _previous(gw.responses, data)
     inputs = read_input(data.input)
-    tools = read_tools(data.tools)
+    tools = read_tools(data.tools, gw.settings.strict_hosted_tools)
     choice = read_tool_choice(data.tool_choice)
     history = previous.conversation if previous is not None else []
     check_calls(history, inputs)

@@ -34,13 +34,8 @@ from switchyard.openai_mapping.plans import chat_prompt
 from switchyard.routes.ops import Degraded, health
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error
-from switchyard.validation import (
-    GenerationPlan,
-    build_plan,
-    check_inputs,
-    check_parameters,
-    fan_out,
-)
+from switchyard.planning.plan import GenerationPlan, fan_out
+from switchyard.planning.tgi import check_inputs, check_parameters, plan_tgi_prompt
 
 MODEL_HEADER = "X-Model"
 """The header that picks a served model on TGI's routes (their bodies have no `model`)."""
@@ -69,8 +64,8 @@ def plan_tgi(gw: Gateway, model: ServedModel, request: tgi.GenerateRequest,
             raise validation_error("grammar is not supported", param="grammar")
         constraint = tgi_constraint(params.grammar.type, params.grammar.value)
     prompt = encode_prompt(model, request.inputs, images, add_special_tokens=True)
-    return build_plan(prompt.ids, params, model.limits, model.info.eos_token_ids,
-                      constraint=constraint, images=prompt.images)
+    return plan_tgi_prompt(prompt.ids, params, model.limits, model.info.eos_token_ids,
+                           constraint=constraint, images=prompt.images)
 
 
 def _token(token: GeneratedToken) -> tgi.Token:

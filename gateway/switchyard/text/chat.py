@@ -63,15 +63,22 @@ def render_chat(
     tokenizer: TextTokenizer,
     messages: Sequence[ChatMessageLike | tuple[str, str]],
     tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    template_kwargs: dict[str, Any] | None = None,
+    generation_prompt: bool = True,
+    continue_final: bool | None = None,
 ) -> str:
     """The prompt text for `messages`, ready to tokenize without special tokens.
 
     `tools` (Hugging Face's format, `[{"type": "function", "function": {...}}]`)
     are handed to the template, which renders them if it knows how.
 
-    Renders with `add_generation_prompt=True`. If the last message is from the
-    assistant, the text ends right after that message's content (trailing
-    whitespace trimmed, as TGI does), with no generation prompt.
+    `template_kwargs` are more variables for the template (vLLM's
+    `chat_template_kwargs`). Renders with the generation prompt unless
+    `generation_prompt` is false. If the last message is from the assistant and
+    `continue_final` is not false (None: TGI's rule), the text ends right after
+    that message's content (trailing whitespace trimmed, as TGI does), with no
+    generation prompt; `continue_final` false starts a new turn after it (vLLM).
     Raises `ChatTemplateError` when the model has no template, when `messages`
     is empty, or when rendering fails (e.g. the template's `raise_exception`).
     """
@@ -82,10 +89,17 @@ def render_chat(
     if not turns:
         raise ChatTemplateError("the conversation has no messages")
     conversation = [_as_dict(turn) for turn in turns]
-    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    extra: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        extra["tools"] = list(tools)
+    last = turns[-1]
+    continuing = last.role == "assistant" and continue_final is not False
     try:
         rendered = tokenizer.hf_tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True, **extra
+            conversation, tokenize=False,
+            # Continuing renders as TGI does (with the generation prompt), then cuts after
+            # the message's content.
+            add_generation_prompt=generation_prompt or continuing, **extra
         )
     except Exception as error:  # noqa: BLE001 - templates are untrusted code
         # Whatever a template does wrong is the request's problem (422), never
@@ -93,8 +107,7 @@ def render_chat(
         raise ChatTemplateError(_reason(error)) from error
     if not isinstance(rendered, str):
         raise ChatTemplateError(f"the template rendered {type(rendered).__name__}, not text")
-    last = turns[-1]
-    if last.role == "assistant":
+    if continuing:
         rendered = _continue_final_message(rendered, last.content)
     return rendered
 
