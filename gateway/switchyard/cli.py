@@ -29,6 +29,17 @@ def _key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     return pairs
 
 
+def _generation_defaults(ctx: click.Context, param: click.Parameter, value: str | None):
+    from switchyard.planning.defaults import GenerationDefaults, parse_defaults
+
+    if not value:
+        return GenerationDefaults()
+    try:
+        return parse_defaults(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _lora_adapters(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, str]:
     from switchyard.models.lora import parse_lora_adapters
 
@@ -175,6 +186,13 @@ def main() -> None:
 @click.option("--responses-store-max-bytes", envvar="SWITCHYARD_RESPONSES_STORE_MAX_BYTES",
               type=click.IntRange(min=1), default=256 * 2**20, show_default=True,
               help="Bytes the kept responses may take in all.")
+@click.option("--override-generation-config", "generation_defaults",
+              envvar="SWITCHYARD_OVERRIDE_GENERATION_CONFIG", default=None,
+              callback=_generation_defaults,
+              help="JSON defaults for sampling fields an OpenAI request leaves out, as vLLM's "
+                   "flag: temperature, top_p, top_k, repetition_penalty, frequency_penalty, "
+                   "presence_penalty. E.g. '{\"temperature\": 0}' for agent "
+                   "clients that send none.")
 @click.option("--strict-hosted-tools", envvar="SWITCHYARD_STRICT_HOSTED_TOOLS", is_flag=True,
               help="Refuse (400) Responses requests that offer hosted tools (web_search, "
                    "file_search, ...) instead of leaving them out of the prompt.")

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import msgspec
 
+from switchyard.planning.defaults import GenerationDefaults
+
 
 class ServeSettings(msgspec.Struct, kw_only=True):
     """Everything `switchyard serve` can be told."""
@@ -94,6 +96,9 @@ class ServeSettings(msgspec.Struct, kw_only=True):
     """Responses kept for `GET /v1/responses/{id}` and chaining; 0 turns the store off."""
     responses_store_max_bytes: int = 256 * 2**20
     """Bytes the kept responses may take (least recently used out first)."""
+    generation_defaults: GenerationDefaults = GenerationDefaults()
+    """Sampling defaults for fields an OpenAI request leaves out
+    (`--override-generation-config`, `switchyard.planning.defaults`)."""
     strict_hosted_tools: bool = False
     """Refuse Responses requests that offer hosted tools instead of leaving them out."""
 

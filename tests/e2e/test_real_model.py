@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from text_generation import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.live_server import LiveServer, start_server, stop_server
+from tests.support.recording_proxy import recording_proxy
 
 NAME = "switchyard/smollm2-135m-instruct"
 MAX_TOKENS = 24
@@ -79,8 +83,12 @@ def real_server(real_model_path: Path, model_cache: Path,
     # No --model-id (an empty MODEL_ID is unset to click): the default model. fp32, as the
     # reference computes; one thread, which other work on a 2-core machine slows least.
     # No length flags either: the model's own context is the default.
+    # Greedy by default (`--override-generation-config`): the Codex CLI sends no temperature,
+    # and a request that sets one keeps it.
     live = start_server(model_cache, tmp_path_factory.mktemp("real-logs"), "--dtype", "float32",
-                        "--engine-option", "num_threads=1", env={"MODEL_ID": ""})
+                        "--engine-option", "num_threads=1",
+                        "--override-generation-config", '{"temperature": 0}',
+                        env={"MODEL_ID": ""})
     yield live
     stop_server(live)
 
@@ -322,6 +330,93 @@ def test_an_agents_sdk_agent_calls_its_tool_and_answers_through_responses(real_s
     assert kinds == ["ToolCallItem", "ToolCallOutputItem"]
     for answer in (resent, chained):
         assert isinstance(answer.final_output, str) and answer.final_output.strip()
+
+
+def test_the_servers_default_temperature_applies_only_where_the_request_sets_none(client):
+    """`--override-generation-config '{"temperature": 0}'`: a request without `temperature`
+    is greedy (the text of an explicit `temperature: 0`), one that sets it samples."""
+    plain = client.chat.completions.create(model=NAME, messages=CAPITAL, max_tokens=MAX_TOKENS)
+    greedy = client.chat.completions.create(model=NAME, messages=CAPITAL, temperature=0,
+                                            max_tokens=MAX_TOKENS)
+    assert plain.choices[0].message.content == greedy.choices[0].message.content
+    hot = {client.chat.completions.create(model=NAME, messages=CAPITAL, temperature=2,
+                                          seed=seed, max_tokens=MAX_TOKENS).choices[0]
+           .message.content for seed in (1, 2, 3)}
+    assert len(hot) > 1
+
+
+CODEX_VERSION = "0.169.0"
+"""The Codex CLI the tests run (npm `@openai/codex`), pinned."""
+CODEX_INSTRUCTIONS = "You are a helpful assistant. Answer the user's question in one short " \
+                     "sentence, without tools."
+CODEX_SMALL_MODEL = ("--disable", "multi_agent", "--disable", "goals",
+                     "-c", "include_permissions_instructions=false",
+                     "-c", "include_apps_instructions=false",
+                     "-c", "include_environment_context=false",
+                     "-c", "skills.include_instructions=false")
+"""The Codex settings docs/api.md gives for a model with a small context: with every tool and
+instruction Codex sends by default, its first prompt is 8,816 tokens on SmolLM2's tokenizer,
+more than the 8,192 the model holds."""
+
+
+@pytest.fixture(scope="module")
+def codex(model_cache: Path) -> Path:
+    """The Codex CLI from npm, pinned, installed once per test cache."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: the Codex CLI ships on npm")
+    prefix = model_cache / f"npm-codex-{CODEX_VERSION}"
+    binary = prefix / "node_modules" / ".bin" / "codex"
+    if not binary.exists():
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                        f"@openai/codex@{CODEX_VERSION}"], check=True, timeout=600,
+                       capture_output=True)
+    return binary
+
+
+def _codex_exec(codex: Path, base_url: str, home: Path, workdir: Path, prompt: str,
+                *options: str) -> subprocess.CompletedProcess[str]:
+    home.mkdir(exist_ok=True)
+    workdir.mkdir(exist_ok=True)
+    (home / "instructions.md").write_text(CODEX_INSTRUCTIONS)
+    (home / "config.toml").write_text(
+        f'model = "{NAME}"\nmodel_provider = "switchyard"\n'
+        f'model_instructions_file = "{home / "instructions.md"}"\n'
+        f'[model_providers.switchyard]\nname = "Switchyard"\nbase_url = "{base_url}/v1"\n'
+        'wire_api = "responses"\n')
+    env = {**os.environ, "CODEX_HOME": str(home), "NO_COLOR": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    return subprocess.run([str(codex), "exec", "--skip-git-repo-check", *options, prompt],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=900,
+                          stdin=subprocess.DEVNULL)
+
+
+def _completed(exchange) -> dict:
+    """The response object of a recorded `POST /v1/responses` stream's last event."""
+    events = [json.loads(line[6:]) for line in exchange.response_body.decode().splitlines()
+              if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.completed", events[-1]
+    return events[-1]["response"]
+
+
+def test_codex_exec_finishes_a_turn_and_prints_the_models_answer(real_server, codex, tmp_path):
+    """The real Codex CLI, unchanged, against the default model: exit 0, and what it prints
+    is the answer the server streamed (read through a recording proxy in between)."""
+    with recording_proxy(real_server.url) as proxy:
+        done = _codex_exec(codex, proxy.url, tmp_path / "home", tmp_path / "work",
+                           "What is the capital of France? Answer in one word.",
+                           *CODEX_SMALL_MODEL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    turns = [e for e in proxy.exchanges if e.path == "/v1/responses"]
+    assert turns and all(e.status == 200 for e in turns)
+    sent = json.loads(turns[0].request_body)
+    # Codex's own fields and tools reached the server and were served, not refused.
+    assert {"client_metadata", "include", "prompt_cache_key"} <= set(sent)
+    assert "web_search" in {t["type"] for t in sent["tools"]}
+    final = _completed(turns[-1])
+    answer = "".join(p["text"] for o in final["output"] if o["type"] == "message"
+                     for p in o["content"])
+    assert answer.strip() and answer.strip() in done.stdout
 
 
 def test_without_pypi_the_cli_says_how_to_serve_another_model(tmp_path):

@@ -21,6 +21,7 @@ from switchyard.media import EncodedPrompt, ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
 from switchyard.openai_mapping.completion_prompts import CompletionPrompt, completion_prompts
 from switchyard.openai_mapping.structured import structured_output, structured_output_field
+from switchyard.planning.defaults import apply_defaults
 from switchyard.planning.fields import PlanFields
 from switchyard.planning.plan import GenerationPlan, build_plan, truncate_prompt
 from switchyard.planning.rules import check_fields
@@ -204,6 +205,7 @@ def sampling_fields(settings: ServeSettings, model: ServedModel, req: oai.Sampli
         top_n_tokens=top_n, truncate=truncate, details=True,
     )
     check_fields("openai", fields, names.renames())
+    fields = apply_defaults(fields, settings.generation_defaults)
     if req.min_tokens is not None and max_tokens is not None and req.min_tokens > max_tokens:
         raise invalid(f"Invalid 'min_tokens': {req.min_tokens} is more than "
                       f"'{names.max_tokens}' ({max_tokens}).", "min_tokens")
@@ -438,7 +440,7 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
     plans = []
     for prompt in prompts:
         ids, _ = truncate_prompt(list(prompt.ids), (), fields.truncate, "truncate_prompt_tokens")
-        check_context(len(ids), None if score_only else req.max_tokens, model.limits,
+        check_context(len(ids), None if score_only else fields.max_new_tokens, model.limits,
                       COMPLETION_NAMES)
         plans.append(build_plan(ids, fields, model.limits, model.info.eos_token_ids))
     return CompletionPlan(prompts=prompts, plans=plans, n=n, best_of=best_of,

@@ -31,6 +31,7 @@ from switchyard.openai_mapping.plans import (
     invalid,
     plan_chat_call,
 )
+from switchyard.planning.defaults import GenerationDefaults, apply_defaults
 from switchyard.planning.fields import PlanFields
 from switchyard.planning.rules import check_fields
 from switchyard.protocol import openai as oai
@@ -155,14 +156,16 @@ def chat_request(req: rs.ResponsesRequest, items: list[rs.Item], tools: ToolSet,
     )
 
 
-def responses_fields(req: rs.ResponsesRequest, top_n: int) -> PlanFields:
-    """The Responses API's adapter: the request's generation fields, checked in its names."""
+def responses_fields(req: rs.ResponsesRequest, top_n: int,
+                     defaults: GenerationDefaults) -> PlanFields:
+    """The Responses API's adapter: the request's generation fields, checked in its names,
+    with the server's defaults for those it leaves out."""
     fields = PlanFields(
         do_sample=req.temperature != 0.0, temperature=req.temperature, top_p=req.top_p,
         seed=req.seed, max_new_tokens=req.max_output_tokens, include_stop=False,
         top_n_tokens=top_n, details=True)
     check_fields("openai", fields, RESPONSES_NAMES.renames())
-    return fields
+    return apply_defaults(fields, defaults)
 
 
 def anchored(anchors: tuple[Anchor, ...]):
@@ -199,7 +202,7 @@ async def plan_turn(gw: Gateway, model: ServedModel, req: rs.ResponsesRequest,
     kept = list(items)
     while True:
         chat = chat_request(req, kept, tools, choice)
-        fields = responses_fields(req, chat.top_logprobs or 0)
+        fields = responses_fields(req, chat.top_logprobs or 0, gw.settings.generation_defaults)
         try:
             chat, images = await chat_images(gw, model, chat)
             return plan_chat_call(gw, model, chat, images, anchored(anchors),
