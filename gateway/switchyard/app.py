@@ -26,7 +26,7 @@ from switchyard.models.served import ServedModel
 from switchyard.remote.upstream import new_client
 from switchyard.openapi import openapi_config, openapi_json, schema_plugins
 from switchyard.plugins import PluginHost
-from switchyard.routes import embeddings, openai, ops, sagemaker, tgi
+from switchyard.routes import embeddings, openai, ops, sagemaker, tgi, vllm
 from switchyard.routes.errors import routing_exception_handlers
 from switchyard.settings import ServeSettings
 from switchyard.state import Gateway
@@ -78,7 +78,8 @@ def create_app(
             await asyncio.to_thread(telemetry.shutdown)
 
     return Litestar(
-        route_handlers=[ops.router, tgi.router, openai.router, sagemaker.router, openapi_json,
+        route_handlers=[ops.router, tgi.router, openai.router, vllm.router, sagemaker.router,
+                        openapi_json,
                         embeddings.openai_router, embeddings.tei_router],
         dependencies={"gw": Provide(lambda: gateway, sync_to_thread=False),
                       "telemetry": Provide(lambda: telemetry, sync_to_thread=False)},

@@ -126,7 +126,7 @@ class SequenceRun:
         """
         model, plan = self.model, self.plan
         tokenizer = model.tokenizer
-        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True,
+        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=plan.skip_special_tokens,
                                        prompt_ids=plan.prompt_ids)
         stops = (StopMatcher(plan.stop_strings, include_stop=plan.include_stop)
                  if plan.stop_strings else None)
@@ -162,10 +162,14 @@ class SequenceRun:
                     top_tokens=event.top_tokens,
                 )
                 visible = delta
+                if reason is FinishReason.EOS_TOKEN and not plan.include_stop:
+                    # The end token's own text (a `stop_token_ids` token, or EOS kept by
+                    # `skip_special_tokens: false`) is left out of the text, as vLLM does.
+                    visible = ""
                 if stops is not None:
                     # vLLM's `min_tokens`: no stop string ends the text before then.
                     visible, matched = stops.feed(
-                        delta, armed=count >= plan.stopping.min_new_tokens)
+                        visible, armed=count >= plan.stopping.min_new_tokens)
                     if matched:
                         reason = FinishReason.STOP_SEQUENCE
                     elif reason is not None:

@@ -206,7 +206,7 @@ COMPAT = documented(
     stream=tgi.StreamResponse, errors=GENERATION_ERRORS,
     stream_description="Server-sent events as `/generate_stream` sends them")
 TOKENIZE = documented("tgi", ok=list[tgi.SimpleToken], ok_description="The tokens",
-                      errors=TOKENIZE_ERRORS)
+                      errors=TOKENIZE_ERRORS, body=tgi.GenerateRequest)
 CHAT_TOKENIZE = documented("tgi", ok=tgi.ChatTokenizeResponse,
                            ok_description="The templated text and its tokens",
                            errors=(*TOKENIZE_ERRORS, 404))

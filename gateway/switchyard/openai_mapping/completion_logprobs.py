@@ -22,23 +22,29 @@ from switchyard.text.echo import EchoedPrompt
 from switchyard_spec import TopToken
 
 
+def _label(model: ServedModel, token_id: int, as_ids: bool) -> str:
+    """A token as `logprobs` names it: its text, or `token_id:N` (vLLM's
+    `return_tokens_as_token_ids`)."""
+    return f"token_id:{token_id}" if as_ids else model.tokenizer.token_text(token_id)
+
+
 def _alternatives(model: ServedModel, top: Sequence[TopToken], text: str,
-                  logprob: float) -> dict[str, float]:
+                  logprob: float, as_ids: bool = False) -> dict[str, float]:
     """Text to log-probability of the alternatives, always with the actual token.
 
     Alternatives come most likely first; two tokens with one text (lone bytes
     of multi-byte characters) keep the larger value, so the maximum is never lost.
     """
-    tok = model.tokenizer
     alternatives: dict[str, float] = {}
     for alt in top:
-        alternatives.setdefault(tok.token_text(alt.id), alt.logprob)
+        alternatives.setdefault(_label(model, alt.id, as_ids), alt.logprob)
     alternatives.setdefault(text, logprob)
     return alternatives
 
 
 def generated_logprobs(
-    model: ServedModel, steps: Sequence[Step], offset: int
+    model: ServedModel, steps: Sequence[Step], offset: int, alternatives: int | None = None,
+    as_ids: bool = False,
 ) -> tuple[oai.CompletionLogprobs, int]:
     """The legacy `logprobs` object for these generated steps, and the text offset after them.
 
@@ -52,9 +58,10 @@ def generated_logprobs(
     text_offset: list[int] = []
     for step in steps:
         t = step.token
-        tokens.append(t.text)
+        label = f"token_id:{t.id}" if as_ids else t.text
+        tokens.append(label)
         token_logprobs.append(t.logprob)
-        top.append(_alternatives(model, t.top_tokens, t.text, t.logprob))
+        top.append(_alternatives(model, t.top_tokens[:alternatives], label, t.logprob, as_ids))
         text_offset.append(offset)
         if not t.special:  # special tokens are not part of the text
             offset += len(t.text)
@@ -67,6 +74,7 @@ def echo_logprobs(
     echoed: EchoedPrompt,
     prompt_logprobs: Sequence[float],
     prompt_top_tokens: Sequence[Sequence[TopToken]],
+    alternatives: int | None = None,
 ) -> oai.CompletionLogprobs:
     """The entries of an echoed prompt: one per prompt token, the first without a value.
 
@@ -81,8 +89,8 @@ def echo_logprobs(
     token_logprobs: list[float | None] = [None, *prompt_logprobs]
     top: list[dict[str, float] | None] = [None]
     for i, logprob in enumerate(prompt_logprobs):
-        alternatives = prompt_top_tokens[i] if i < len(prompt_top_tokens) else ()
-        top.append(_alternatives(model, alternatives, echoed.tokens[i + 1], logprob))
+        at = prompt_top_tokens[i][:alternatives] if i < len(prompt_top_tokens) else ()
+        top.append(_alternatives(model, at, echoed.tokens[i + 1], logprob))
     return oai.CompletionLogprobs(tokens=list(echoed.tokens), token_logprobs=token_logprobs,
                                   top_logprobs=top, text_offset=list(echoed.offsets))
 

@@ -20,6 +20,7 @@ from switchyard.errors import ApiError, validation_error
 from switchyard.media import EncodedPrompt, ImageSet, encode_prompt
 from switchyard.models.served import ServedModel
 from switchyard.openai_mapping.completion_prompts import CompletionPrompt, completion_prompts
+from switchyard.openai_mapping.extras import AnswerExtras, answer_extras
 from switchyard.openai_mapping.structured import structured_output, structured_output_field
 from switchyard.planning.defaults import apply_defaults
 from switchyard.planning.fields import PlanFields
@@ -302,6 +303,10 @@ class ChatPlan(msgspec.Struct, frozen=True, kw_only=True):
     tools: ToolSetup | None = None
     prompt_text: str = ""
     """The rendered prompt (chat template applied) the plan's token ids encode."""
+    extras: AnswerExtras = AnswerExtras()
+    """vLLM's answer extensions the request asked for."""
+    echo: str = ""
+    """vLLM's chat `echo`: the last (assistant) message's text, which the answer starts with."""
 
 
 PromptEncoder = Callable[[ServedModel, str, ImageSet | None], EncodedPrompt]
@@ -345,11 +350,16 @@ def chat_fields(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest
     """Chat's adapter: the request's generation fields, and the names its errors use."""
     newer = req.max_completion_tokens is not None
     names = WireNames(max_tokens="max_completion_tokens" if newer else "max_tokens")
+    extras = answer_extras(req, MAX_TOP_LOGPROBS)
     fields = sampling_fields(
-        gw.settings, model, req, names=names, top_n=req.top_logprobs or 0,
+        gw.settings, model, req, names=names,
+        top_n=max(req.top_logprobs or 0, extras.prompt_top_n),
         max_tokens=req.max_completion_tokens if newer else req.max_tokens)
+    if req.echo and req.tools:
+        raise invalid("'echo' is not served together with 'tools'.", "echo")
     choice_count(req.n)
-    return fields, names
+    return msgspec.structs.replace(
+        fields, prompt_logprobs=extras.prompt_logprobs is not None), names
 
 
 def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
@@ -374,7 +384,11 @@ def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionReque
     check_context(len(ids), fields.max_new_tokens, model.limits, names)
     plan = build_plan(ids, msgspec.structs.replace(fields, constraint=constraint), model.limits,
                       model.info.eos_token_ids, kept_images)
-    return ChatPlan(plan=plan, tools=tools, prompt_text=text)
+    echo = ""
+    if req.echo and req.messages[-1].role == "assistant":
+        echo = _message_text(req.messages[-1])
+    extras = answer_extras(req, MAX_TOP_LOGPROBS) if adapted is None else AnswerExtras()
+    return ChatPlan(plan=plan, tools=tools, prompt_text=text, extras=extras, echo=echo)
 
 
 class CompletionPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -389,6 +403,8 @@ class CompletionPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Candidates generated per prompt (>= `n`)."""
     score_only: bool
     """`max_tokens: 0` with `echo`: score the prompt, return no generated token."""
+    extras: AnswerExtras = AnswerExtras()
+    """vLLM's answer extensions the request asked for."""
 
 
 def _best_of(req: oai.CompletionRequest, n: int) -> int:
@@ -429,14 +445,22 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
             "without it 'max_tokens' must be at least 1.", "max_tokens")
     n = choice_count(req.n)
     best_of = _best_of(req, n)
+    extras = answer_extras(req, top_n)
     fields = sampling_fields(
-        gw.settings, model, req, names=COMPLETION_NAMES, top_n=req.logprobs or 0,
+        gw.settings, model, req, names=COMPLETION_NAMES,
+        top_n=max(req.logprobs or 0, extras.prompt_top_n),
         # Scoring runs the engine for one token and drops it: the forward pass over the
         # prompt computes that token's logits anyway, so it costs one sampling row, and
         # engines keep their one rule (every sequence ends with a token event).
         max_tokens=1 if score_only else req.max_tokens)
-    fields = msgspec.structs.replace(fields, prompt_logprobs=score_prompt, score_only=score_only,
-                                     constraint=structured_output(req))
+    constraint = structured_output(req)
+    if constraint is not None and not engine_can_constrain(model):
+        param = structured_output_field(req)
+        raise invalid(f"'{param}' is not supported for model {model.name!r}: its engine "
+                      f"({model.engine_spec.name}) cannot constrain decoding.", param)
+    fields = msgspec.structs.replace(
+        fields, prompt_logprobs=score_prompt or extras.prompt_logprobs is not None,
+        score_only=score_only, constraint=constraint)
     plans = []
     for prompt in prompts:
         ids, _ = truncate_prompt(list(prompt.ids), (), fields.truncate, "truncate_prompt_tokens")
@@ -444,4 +468,4 @@ def plan_completion(gw: Gateway, model: ServedModel, req: oai.CompletionRequest)
                       COMPLETION_NAMES)
         plans.append(build_plan(ids, fields, model.limits, model.info.eos_token_ids))
     return CompletionPlan(prompts=prompts, plans=plans, n=n, best_of=best_of,
-                          score_only=score_only)
+                          score_only=score_only, extras=extras)

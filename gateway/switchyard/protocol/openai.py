@@ -69,6 +69,9 @@ class StreamOptions(msgspec.Struct, kw_only=True):
                     "request's `usage`.")] = False
     include_obfuscation: Annotated[bool | None, Meta(
         description="Accepted, not used: chunks carry no obfuscation padding.")] = None
+    continuous_usage_stats: Annotated[bool | None, Meta(
+        description="vLLM's extension: every chunk carries `usage` so far (its choice's "
+                    "tokens).")] = None
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True):
@@ -401,6 +404,23 @@ ChatFinishReason = Literal["stop", "length", "tool_calls"]
 _FINISH = "`stop` (EOS or a stop string) or `length`; null until a choice's last chunk."
 
 
+class PromptLogprob(msgspec.Struct):
+    """One token at a prompt position, in vLLM's `prompt_logprobs`."""
+
+    logprob: Annotated[float, Meta(description="Its log-probability at that position.")]
+    rank: Annotated[int | None, Meta(
+        description="1 for the most likely token; null for the prompt's own token when it "
+                    "is not among the alternatives asked for (its rank is not computed).")]
+    decoded_token: Annotated[str, Meta(description="The token's text.")]
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+"""vLLM's `prompt_logprobs`: per prompt position (the first null), token id -> its entry."""
+_UNSET_IDS = "With vLLM's `return_token_ids`."
+_UNSET_PROMPT_LOGPROBS = ("With vLLM's `prompt_logprobs`: per prompt token (the first null), "
+                          "the token's and the alternatives' log-probabilities by token id.")
+
+
 class ChatChoice(msgspec.Struct):
     """One choice of a chat answer."""
 
@@ -411,6 +431,8 @@ class ChatChoice(msgspec.Struct):
     finish_reason: Annotated[ChatFinishReason, Meta(
         description="`stop` (EOS, a stop string, or a call to the function `tool_choice` "
                     "named), `length`, or `tool_calls` (the model called tools).")]
+    token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " The generated token ids.")] = msgspec.UNSET
 
 
 _ID = "Unique id of the answer; every chunk of a stream has the same one."
@@ -428,6 +450,11 @@ class ChatCompletion(msgspec.Struct):
     choices: Annotated[list[ChatChoice], Meta(description="`n` choices.")]
     usage: Annotated[Usage, Meta(description="Token counts.")]
     object: Annotated[str, Meta(description="Always `chat.completion`.")] = "chat.completion"
+    prompt_token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " The prompt's token ids (chat template applied).")
+    ] = msgspec.UNSET
+    prompt_logprobs: Annotated[PromptLogprobs | msgspec.UnsetType, Meta(
+        description=_UNSET_PROMPT_LOGPROBS)] = msgspec.UNSET
 
 
 class FunctionDelta(msgspec.Struct, omit_defaults=True):
@@ -471,6 +498,8 @@ class ChatChunkChoice(msgspec.Struct):
     finish_reason: Annotated[ChatFinishReason | None, Meta(
         description=_FINISH + " `tool_calls` when the model called tools; a stream with "
                     "tools ends with an empty `delta` that carries it.")]
+    token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " The token ids this chunk adds.")] = msgspec.UNSET
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -486,6 +515,9 @@ class ChatCompletionChunk(msgspec.Struct):
         description="Token counts, in the `include_usage` chunk only.")] = None
     object: Annotated[str, Meta(description="Always `chat.completion.chunk`.")] = (
         "chat.completion.chunk")
+    prompt_token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " On a stream's first chunk: the prompt's token ids.")
+    ] = msgspec.UNSET
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -517,6 +549,14 @@ class CompletionChoice(msgspec.Struct):
     logprobs: Annotated[CompletionLogprobs | None, Meta(
         description="Token log-probabilities, when `logprobs` was given.")]
     finish_reason: Annotated[FinishReasonOpenAI | None, Meta(description=_FINISH)]
+    token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " The generated token ids (of this chunk, when "
+                                 "streamed).")] = msgspec.UNSET
+    prompt_token_ids: Annotated[list[int] | msgspec.UnsetType, Meta(
+        description=_UNSET_IDS + " The prompt's token ids (on a stream's first chunk of "
+                                 "the choice).")] = msgspec.UNSET
+    prompt_logprobs: Annotated[PromptLogprobs | msgspec.UnsetType, Meta(
+        description=_UNSET_PROMPT_LOGPROBS)] = msgspec.UNSET
 
 
 class Completion(msgspec.Struct):

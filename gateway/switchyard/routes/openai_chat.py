@@ -32,28 +32,39 @@ from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason, sse, usage
+from switchyard.openai_mapping.extras import (
+    AnswerExtras,
+    chunk_usage,
+    prompt_logprobs,
+    token_label,
+)
 from switchyard.openai_mapping.plans import choice_count, plan_chat_call
 from switchyard.tools.openai import ToolSetup, ToolStreamer, tool_message
 from switchyard.state import Gateway
 from switchyard.planning.plan import GenerationPlan, fan_out
 
 
-def chat_logprobs(model: ServedModel, steps: Sequence[Step]) -> oai.ChoiceLogprobs:
-    """`logprobs.content` of a chat choice (or of one chunk) for these steps."""
+def chat_logprobs(model: ServedModel, steps: Sequence[Step], alternatives: int | None = None,
+                  extras: AnswerExtras = AnswerExtras()) -> oai.ChoiceLogprobs:
+    """`logprobs.content` of a chat choice (or of one chunk) for these steps, with at most
+    ``alternatives`` top tokens each (the engine may have reported more for
+    `prompt_logprobs`)."""
     tok = model.tokenizer
     content = []
     for step in steps:
         t = step.token
-        text = t.text if not t.special else tok.token_text(t.id)
+        text = token_label(model, t.id, t.text if not t.special else tok.token_text(t.id),
+                           extras)
         content.append(
             oai.TokenLogprob(
                 token=text,
                 logprob=t.logprob,
                 bytes=list(text.encode()),
                 top_logprobs=[
-                    oai.TopLogprob(token=tok.token_text(a.id), logprob=a.logprob,
-                                   bytes=list(tok.token_text(a.id).encode()))
-                    for a in t.top_tokens
+                    oai.TopLogprob(token=(label := token_label(model, a.id,
+                                                               tok.token_text(a.id), extras)),
+                                   logprob=a.logprob, bytes=list(label.encode()))
+                    for a in t.top_tokens[:alternatives]
                 ],
             )
         )
@@ -69,6 +80,11 @@ class _ChatStream(msgspec.Struct, kw_only=True):
     want_logprobs: bool
     include_usage: bool
     tools: ToolSetup | None = None
+    alternatives: int = 0
+    """`top_logprobs`: alternatives per token."""
+    extras: AnswerExtras = AnswerExtras()
+    echo: str = ""
+    """vLLM's `echo`: the text the message starts with."""
 
 
 async def chat_response(
@@ -98,7 +114,8 @@ async def chat_response(
             ident=ident, created=created, fingerprint=gw.system_fingerprint,
             want_logprobs=want_logprobs,
             include_usage=bool(data.stream_options and data.stream_options.include_usage),
-            tools=tools,
+            tools=tools, alternatives=data.top_logprobs or 0, extras=chat_plan.extras,
+            echo=chat_plan.echo,
         )
         return sse(_chat_stream(model, plans, options))
     model.admission.acquire()
@@ -106,25 +123,34 @@ async def chat_response(
         results = await collect_all(start_all(model, plans, "chat"))
     finally:
         model.admission.release()
+    extras = chat_plan.extras
     choices = []
     for index, r in enumerate(results):
         if tools is None:
-            message = oai.ChatMessageOut(role="assistant", content=r.finished.generated_text)
+            message = oai.ChatMessageOut(role="assistant",
+                                         content=chat_plan.echo + r.finished.generated_text)
             reason: oai.ChatFinishReason = finish_reason(r.finished.reason)
         else:
             message, reason = tool_message(tools, r.steps, r.finished)
         choices.append(oai.ChatChoice(
             index=index, message=message,
-            logprobs=chat_logprobs(model, r.steps) if want_logprobs else None,
+            logprobs=chat_logprobs(model, r.steps, data.top_logprobs or 0, extras)
+            if want_logprobs else None,
             finish_reason=reason,
+            token_ids=[s.token.id for s in r.steps] if extras.token_ids else msgspec.UNSET,
         ))
+    first = results[0].finished
     body = oai.ChatCompletion(
         id=ident,
         created=created,
         model=model.name,
         system_fingerprint=gw.system_fingerprint,
         choices=choices,
-        usage=usage([results[0].finished], [r.finished for r in results]),
+        usage=usage([first], [r.finished for r in results]),
+        prompt_token_ids=list(chat_plan.plan.prompt_ids) if extras.token_ids else msgspec.UNSET,
+        prompt_logprobs=prompt_logprobs(
+            model, chat_plan.plan.prompt_ids, first.prompt_logprobs, first.prompt_top_tokens,
+            extras.prompt_logprobs) if extras.prompt_logprobs is not None else msgspec.UNSET,
     )
     return Response(body, status_code=200)
 
@@ -132,10 +158,17 @@ async def chat_response(
 async def _chat_stream(
     model: ServedModel, plans: list[GenerationPlan], o: _ChatStream
 ) -> AsyncIterator[str]:
-    def chunk(choices: list[oai.ChatChunkChoice], used: oai.Usage | None = None) -> str:
+    prompt_tokens = len(plans[0].prompt_ids)
+    generated = [0] * len(plans)
+
+    def chunk(choices: list[oai.ChatChunkChoice], used: oai.Usage | None = None,
+              prompt_ids: list[int] | msgspec.UnsetType = msgspec.UNSET) -> str:
+        if used is None and o.extras.continuous_usage and choices:
+            used = chunk_usage(prompt_tokens, generated[choices[0].index])
         return msgspec.json.encode(
             oai.ChatCompletionChunk(id=o.ident, created=o.created, model=model.name,
-                                    system_fingerprint=o.fingerprint, choices=choices, usage=used)
+                                    system_fingerprint=o.fingerprint, choices=choices,
+                                    usage=used, prompt_token_ids=prompt_ids)
         ).decode()
 
     try:
@@ -147,13 +180,15 @@ async def _chat_stream(
     runs = []
     try:
         runs = start_all(model, plans, "chat-stream")
+        ids = list(plans[0].prompt_ids) if o.extras.token_ids else msgspec.UNSET
         for index in range(len(runs)):
             # With tools the content is left out (null until there is text), so that a
             # message that only calls tools accumulates to `content: null`.
             role = (oai.ChatDelta(role="assistant") if o.tools is not None
-                    else oai.ChatDelta(role="assistant", content=""))
+                    else oai.ChatDelta(role="assistant", content=o.echo))
             yield chunk([oai.ChatChunkChoice(index=index, delta=role, logprobs=None,
-                                             finish_reason=None)])
+                                             finish_reason=None)],
+                        prompt_ids=ids if index == 0 else msgspec.UNSET)
         finished: dict[int, Finished] = {}
         streamers = [ToolStreamer(o.tools) for _ in runs] if o.tools is not None else []
         # Closed here, not left to the garbage collector: a client that goes away
@@ -161,14 +196,19 @@ async def _chat_stream(
         async with aclosing(interleave(runs)) as steps:
             async for index, step in steps:
                 done = step.finished
-                lp = chat_logprobs(model, [step]) if o.want_logprobs else None
+                generated[index] += 1
+                lp = (chat_logprobs(model, [step], o.alternatives, o.extras)
+                      if o.want_logprobs else None)
+                token_ids = [step.token.id] if o.extras.token_ids else None
                 if streamers:
-                    for text in _tool_chunks(streamers[index], index, step, lp, chunk):
+                    for text in _tool_chunks(streamers[index], index, step, lp, chunk,
+                                             token_ids):
                         yield text
-                elif step.text or done is not None or lp is not None:
+                elif step.text or done is not None or lp is not None or token_ids:
                     yield chunk([oai.ChatChunkChoice(
                         index=index, delta=oai.ChatDelta(content=step.text), logprobs=lp,
                         finish_reason=finish_reason(done.reason) if done else None,
+                        token_ids=token_ids if token_ids is not None else msgspec.UNSET,
                     )])
                 if done is not None:
                     finished[index] = done
@@ -184,20 +224,22 @@ async def _chat_stream(
 
 def _tool_chunks(streamer: ToolStreamer, index: int, step: Step,
                  lp: oai.ChoiceLogprobs | None,
-                 chunk: Callable[[list[oai.ChatChunkChoice]], str]) -> list[str]:
-    """A tool-calling choice's chunks for one step: its deltas (the step's logprobs on the
-    first, or on an empty delta when it has none), and at its end an empty delta with
-    the finish reason."""
+                 chunk: Callable[[list[oai.ChatChunkChoice]], str],
+                 token_ids: list[int] | None = None) -> list[str]:
+    """A tool-calling choice's chunks for one step: its deltas (the step's logprobs and
+    token id on the first, or on an empty delta when it has none), and at its end an empty
+    delta with the finish reason."""
     deltas = streamer.feed(step)
     reason: oai.ChatFinishReason | None = None
     if step.finished is not None:
         more, reason = streamer.finish(step.finished)
         deltas += more
-    if lp is not None and not deltas:
+    if (lp is not None or token_ids) and not deltas:
         deltas = [oai.ChatDelta()]
-    out = [chunk([oai.ChatChunkChoice(index=index, delta=delta,
-                                      logprobs=lp if i == 0 else None, finish_reason=None)])
-           for i, delta in enumerate(deltas)]
+    out = [chunk([oai.ChatChunkChoice(
+        index=index, delta=delta, logprobs=lp if i == 0 else None, finish_reason=None,
+        token_ids=token_ids if i == 0 and token_ids is not None else msgspec.UNSET)])
+        for i, delta in enumerate(deltas)]
     if reason is not None:
         out.append(chunk([oai.ChatChunkChoice(index=index, delta=oai.ChatDelta(),
                                               logprobs=None, finish_reason=reason)]))

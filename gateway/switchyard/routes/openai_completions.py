@@ -46,6 +46,7 @@ from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.openai_mapping.completion_logprobs import echo_logprobs, generated_logprobs, joined
+from switchyard.openai_mapping.extras import chunk_usage, prompt_logprobs
 from switchyard.openai_mapping.streaming import DONE, error_event, finish_reason, sse, usage
 from switchyard.openai_mapping.plans import CompletionPlan, plan_completion
 from switchyard.state import Gateway
@@ -62,6 +63,10 @@ class _Answer:
         req = self.plan
         self.echo = data.echo
         self.logprobs = data.logprobs is not None
+        self.alternatives = data.logprobs or 0
+        """`logprobs`: alternatives per token (the engine may report more, for
+        `prompt_logprobs`)."""
+        self.extras = self.plan.extras
         self.include_usage = bool(data.stream_options and data.stream_options.include_usage)
         self.ident = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -79,8 +84,13 @@ class _Answer:
         """The prompt a run (a candidate) belongs to."""
         return run // self.plan.best_of
 
-    def chunk(self, choices: list[oai.CompletionChoice], used: oai.Usage | None = None) -> str:
-        """One streamed event."""
+    def chunk(self, choices: list[oai.CompletionChoice], used: oai.Usage | None = None,
+              generated: int | None = None) -> str:
+        """One streamed event (with `continuous_usage_stats`, its choice's usage so far:
+        ``generated`` tokens)."""
+        if used is None and generated is not None and self.extras.continuous_usage:
+            prompt = self.plan.prompts[self.prompt_of(choices[0].index)]
+            used = chunk_usage(len(prompt.ids), generated)
         return msgspec.json.encode(oai.Completion(
             id=self.ident, created=self.created, model=self.model.name,
             system_fingerprint=self.fingerprint, choices=choices, usage=used)).decode()
@@ -97,22 +107,39 @@ class _Answer:
         if echoed is None:
             return None
         return echo_logprobs(self.model, echoed, scores.prompt_logprobs,
-                             scores.prompt_top_tokens)
+                             scores.prompt_top_tokens, self.alternatives)
+
+    def prompt_extras(self, prompt: int, scores: Finished | None) -> dict[str, Any]:
+        """A choice's `prompt_token_ids` and `prompt_logprobs`, where asked for."""
+        extras, out = self.extras, {}
+        ids = self.plan.plans[prompt].prompt_ids
+        if extras.token_ids:
+            out["prompt_token_ids"] = list(ids)
+        if extras.prompt_logprobs is not None and scores is not None:
+            out["prompt_logprobs"] = prompt_logprobs(
+                self.model, ids, scores.prompt_logprobs, scores.prompt_top_tokens,
+                extras.prompt_logprobs)
+        return out
 
     def choice(self, prompt: int, index: int, result: Completed,
-               echoed: oai.CompletionLogprobs | None) -> oai.CompletionChoice:
-        """One choice of a non-streamed answer."""
+               echoed: oai.CompletionLogprobs | None,
+               scores: Finished | None = None) -> oai.CompletionChoice:
+        """One choice of a non-streamed answer (``scores``: the prompt's first candidate's
+        end, which carries the prompt's log-probabilities)."""
         prefix = self.prefixes[prompt]
         done = result.finished
         steps = [] if self.plan.score_only else result.steps
         lp = None
         if self.logprobs:
-            lp = generated_logprobs(self.model, steps, len(prefix))[0]
+            lp = generated_logprobs(self.model, steps, len(prefix), self.alternatives,
+                                    self.extras.tokens_as_ids)[0]
             if echoed is not None:
                 lp = joined(echoed, lp)
         text = prefix if self.plan.score_only else prefix + done.generated_text
-        return oai.CompletionChoice(index=index, text=text, logprobs=lp,
-                                    finish_reason=self.finish(done))
+        return oai.CompletionChoice(
+            index=index, text=text, logprobs=lp, finish_reason=self.finish(done),
+            token_ids=[s.token.id for s in steps] if self.extras.token_ids else msgspec.UNSET,
+            **self.prompt_extras(prompt, scores))
 
     def finish(self, done: Finished) -> oai.FinishReasonOpenAI:
         """The choice's finish reason; scoring generates nothing, up to its limit of 0."""
@@ -148,7 +175,8 @@ async def completion_response(
         chosen = (group if req.best_of == req.n
                   else sorted(group, key=lambda r: r.mean_logprob, reverse=True)[: req.n])
         for j, result in enumerate(chosen):
-            choices.append(answer.choice(prompt, prompt * req.n + j, result, echoed))
+            choices.append(answer.choice(prompt, prompt * req.n + j, result, echoed,
+                                         group[0].finished))
     body = oai.Completion(
         id=answer.ident, created=answer.created, model=model.name,
         system_fingerprint=answer.fingerprint, choices=choices,
@@ -169,6 +197,10 @@ class _StreamState:
         count = len(answer.candidates)
         self.offsets = [len(answer.prefixes[answer.prompt_of(i)]) for i in range(count)]
         self.finished: list[Finished | None] = [None] * count
+        self.generated = [0] * count
+        """Per choice: tokens generated so far (`continuous_usage_stats`)."""
+        self.sent_prompt = [False] * count
+        """Per choice: whether its `prompt_token_ids` went out (on its first chunk)."""
         # Echo chunks that carry the prompt's scores wait for them (its first run's first
         # step); steps of the prompt's other runs that arrive before wait with them.
         waiting = answer.echo and answer.logprobs
@@ -181,7 +213,7 @@ class _StreamState:
         n = a.plan.n
         lp = a.echo_part(prompt, scores) if scores is not None else None
         return [a.chunk([oai.CompletionChoice(index=index, text=a.prefixes[prompt], logprobs=lp,
-                                              finish_reason=None)])
+                                              finish_reason=None)], generated=0)
                 for index in range(prompt * n, (prompt + 1) * n)]
 
     def feed(self, index: int, step: Step) -> list[str]:
@@ -205,16 +237,24 @@ class _StreamState:
         done = step.finished
         if done is not None:
             self.finished[index] = done
+        self.generated[index] += 1
         text, lp = step.text, None
         if a.plan.score_only:
             text = ""  # the token scoring generated is dropped
         elif a.logprobs:
-            lp, self.offsets[index] = generated_logprobs(a.model, [step], self.offsets[index])
-        if not (text or done is not None or lp is not None):
+            lp, self.offsets[index] = generated_logprobs(
+                a.model, [step], self.offsets[index], a.alternatives, a.extras.tokens_as_ids)
+        ids = [step.token.id] if a.extras.token_ids and not a.plan.score_only else None
+        if not (text or done is not None or lp is not None or ids):
             return []
+        first = a.extras.token_ids and not self.sent_prompt[index]
+        self.sent_prompt[index] = True
         return [a.chunk([oai.CompletionChoice(
             index=index, text=text, logprobs=lp,
-            finish_reason=a.finish(done) if done is not None else None)])]
+            finish_reason=a.finish(done) if done is not None else None,
+            token_ids=ids if ids is not None else msgspec.UNSET,
+            **(a.prompt_extras(a.prompt_of(index), None) if first else {}))],
+            generated=0 if a.plan.score_only else self.generated[index])]
 
 
 async def _completion_stream(answer: _Answer) -> AsyncIterator[str]:
