@@ -10,6 +10,8 @@ once (its sequences aborted), not run to its `max_tokens`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -21,6 +23,7 @@ import pytest
 from tests.support.abandoned import (
     CHAT,
     COMPLETION,
+    MAX_NEW,
     RESPONSES,
     TGI,
     abandon,
@@ -85,7 +88,8 @@ def test_truncated_bodies_and_dropped_streams_are_not_server_errors(server):
     assert len(lines) == 4, server.log()[start:]
     assert all("error=dropped" in line and "WARNING" in line for line in lines), lines
     statuses = sorted(int(line.split("switchyard.request: POST ")[1].split()[1]) for line in lines)
-    assert statuses == [200, 200, 499, 499]  # 499: closed before its body arrived
+    # One status for a client that left, whether before its status line went out or after.
+    assert statuses == [499, 499, 499, 499]
     new_log = server.log()[start:]
     assert "Traceback" not in new_log and " ERROR " not in new_log
     after = _failures(server)
@@ -152,3 +156,53 @@ def test_abandoned_json_requests_leave_the_batch_at_once(server, path, body, cou
     r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                    json={"prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
+
+
+# ------------------------------------------- a client that cancels mid-stream, then goes on
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions",
+                                  "/generate_stream", "/v1/responses"])
+def test_a_stream_cancelled_mid_way_ends_at_once_and_the_pool_goes_on(server, path):
+    """A load generator's pattern (guidellm at a level change): an async client cancels an
+    in-flight stream, then sends its next request through the same connection pool. The
+    cancelled request ends at once as one `499 error=dropped` line, its sequence leaves the
+    batch, no permit stays held, and the next request is answered."""
+    model = "switchyard/tiny-llama-random"
+    bodies = {"/v1/chat/completions": {**CHAT, "max_tokens": MAX_NEW, "stream": True},
+              "/v1/completions": {**COMPLETION, "max_tokens": MAX_NEW, "stream": True},
+              "/generate_stream": {**TGI, "parameters": {**TGI["parameters"],
+                                                         "max_new_tokens": MAX_NEW}},
+              "/v1/responses": {**RESPONSES, "stream": True}}
+    steps = decode_steps(server, model)
+    start = len(server.log())
+
+    async def scenario() -> int:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            got_events = asyncio.Event()
+
+            async def read_stream() -> None:
+                async with client.stream("POST", path, json=bodies[path]) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:"):
+                            got_events.set()
+
+            task = asyncio.create_task(read_stream())
+            await asyncio.wait_for(got_events.wait(), 60)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            # The next request takes the pool's one connection (a fresh one: the cancelled
+            # stream's was closed with it).
+            after = await client.post("/v1/completions",
+                                      json={**COMPLETION, "max_tokens": 2, "stream": False})
+            return after.status_code
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 120)) == 200
+    wait_until_idle(server, model, steps)
+    lines = request_lines(server, start, 2)
+    (cancelled,) = [line for line in lines if f"POST {path} " in line and " 200 " not in line]
+    assert " 499 " in cancelled and "error=dropped" in cancelled, lines
+    generated = int(re.search(r"tokens=\d+\+(\d+)", cancelled)[1])
+    assert generated < MAX_NEW, cancelled  # cut short, not run to its end
+    assert sum(" 200 " in line for line in lines) == 1, lines

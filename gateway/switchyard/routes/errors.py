@@ -33,7 +33,7 @@ from switchyard.errors import ApiError
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi
 from switchyard.routes.auth import MissingApiKey
-from switchyard.telemetry.request import note_error
+from switchyard.telemetry.request import CLIENT_CLOSED_STATUS, note_error
 
 log = logging.getLogger("switchyard.http")
 
@@ -47,8 +47,7 @@ INVALID_REQUEST = frozenset({"validation", PAYLOAD_TOO_LARGE, NOT_FOUND, METHOD_
 OPENAI_PREFIX = "/v1/"
 CLIENT_GONE = "dropped"
 """The error type (and `tgi_request_failure` label) of a client that went away."""
-CLIENT_CLOSED_STATUS = 499
-"""nginx's "client closed request": the status logged for it (no client reads it)."""
+
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
 _TGI_PREFIX = "Input validation error: "
 _BODY_KWARG = "data"

@@ -131,7 +131,7 @@ def log_request(record: RequestRecord, timings: Timings | None) -> None:
         return
     reasons = [s.finish_reason for s in record.sequences if s.finish_reason]
     entry = RequestLog(
-        method=record.method, route=record.route, status=record.status, model=record.model,
+        method=record.method, route=record.route, status=record.logged_status, model=record.model,
         engine=record.engine, error=failure, finish_reasons=reasons,
         sequences=len(record.sequences), input_tokens=record.input_tokens,
         generated_tokens=record.generated_tokens, max_new_tokens=record.max_new_tokens,

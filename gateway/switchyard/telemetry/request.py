@@ -31,6 +31,10 @@ import msgspec
 from switchyard.errors import ApiError
 
 
+CLIENT_CLOSED_STATUS = 499
+"""nginx's "client closed request": the status logged for a request whose client left."""
+
+
 class SequenceRecord(msgspec.Struct, kw_only=True):
     """One engine sequence of a request (a request has several with `n` or `best_of`)."""
 
@@ -105,6 +109,13 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         if not self.completed:
             return "dropped"
         return None
+
+    @property
+    def logged_status(self) -> int:
+        """The status the log and the trace name: 499 (nginx's "client closed request") for
+        every request whose client left before the answer was whole, whether or not its
+        status line had gone out, so that one event reads one way."""
+        return CLIENT_CLOSED_STATUS if self.failure == "dropped" else self.status
 
     @property
     def enqueued(self) -> float | None:

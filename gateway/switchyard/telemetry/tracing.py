@@ -142,7 +142,7 @@ def _request_attributes(record: RequestRecord) -> dict[str, str | int | list[str
     attributes: dict[str, str | int | list[str]] = {
         "http.request.method": record.method,
         "http.route": record.route,
-        "http.response.status_code": record.status,
+        "http.response.status_code": record.logged_status,
         "gen_ai.request.model": record.model,
         "switchyard.engine": record.engine,
         "gen_ai.usage.input_tokens": record.input_tokens,
