@@ -347,16 +347,8 @@ def test_the_servers_default_temperature_applies_only_where_the_request_sets_non
 
 CODEX_VERSION = "0.169.0"
 """The Codex CLI the tests run (npm `@openai/codex`), pinned."""
-CODEX_INSTRUCTIONS = "You are a helpful assistant. Answer the user's question in one short " \
-                     "sentence, without tools."
-CODEX_SMALL_MODEL = ("--disable", "multi_agent", "--disable", "goals",
-                     "-c", "include_permissions_instructions=false",
-                     "-c", "include_apps_instructions=false",
-                     "-c", "include_environment_context=false",
-                     "-c", "skills.include_instructions=false")
-"""The Codex settings docs/api.md gives for a model with a small context: with every tool and
-instruction Codex sends by default, its first prompt is 8,816 tokens on SmolLM2's tokenizer,
-more than the 8,192 the model holds."""
+CODEX_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "codex"
+"""The Codex configuration docs/api.md gives (a small model's context: a lean first prompt)."""
 
 
 @pytest.fixture(scope="module")
@@ -374,19 +366,17 @@ def codex(model_cache: Path) -> Path:
     return binary
 
 
-def _codex_exec(codex: Path, base_url: str, home: Path, workdir: Path, prompt: str,
-                *options: str) -> subprocess.CompletedProcess[str]:
-    home.mkdir(exist_ok=True)
-    workdir.mkdir(exist_ok=True)
-    (home / "instructions.md").write_text(CODEX_INSTRUCTIONS)
-    (home / "config.toml").write_text(
-        f'model = "{NAME}"\nmodel_provider = "switchyard"\n'
-        f'model_instructions_file = "{home / "instructions.md"}"\n'
-        f'[model_providers.switchyard]\nname = "Switchyard"\nbase_url = "{base_url}/v1"\n'
-        'wire_api = "responses"\n')
+def _codex_exec(codex: Path, base_url: str, home: Path, workdir: Path,
+                prompt: str) -> subprocess.CompletedProcess[str]:
+    """`codex exec` with the documented configuration, pointed at ``base_url``."""
+    home.mkdir()
+    workdir.mkdir()
+    for name in ("config.toml", "instructions.md"):
+        shutil.copy(CODEX_CONFIG / name, home / name)
     env = {**os.environ, "CODEX_HOME": str(home), "NO_COLOR": "1"}
     env.pop("OPENAI_API_KEY", None)
-    return subprocess.run([str(codex), "exec", "--skip-git-repo-check", *options, prompt],
+    provider = f'model_providers.switchyard.base_url="{base_url}/v1"'
+    return subprocess.run([str(codex), "exec", "--skip-git-repo-check", "-c", provider, prompt],
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=900,
                           stdin=subprocess.DEVNULL)
 
@@ -404,8 +394,7 @@ def test_codex_exec_finishes_a_turn_and_prints_the_models_answer(real_server, co
     is the answer the server streamed (read through a recording proxy in between)."""
     with recording_proxy(real_server.url) as proxy:
         done = _codex_exec(codex, proxy.url, tmp_path / "home", tmp_path / "work",
-                           "What is the capital of France? Answer in one word.",
-                           *CODEX_SMALL_MODEL)
+                           "What is the capital of France? Answer in one word.")
     assert done.returncode == 0, done.stderr[-3000:]
     turns = [e for e in proxy.exchanges if e.path == "/v1/responses"]
     assert turns and all(e.status == 200 for e in turns)
