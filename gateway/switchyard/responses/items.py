@@ -54,7 +54,8 @@ def _string(obj: dict[str, Any], key: str, param: str) -> str:
     return value
 
 
-def _convert(value: dict[str, Any], kind: type[Any], param: str) -> Any:
+def read_as(value: dict[str, Any], kind: type[Any], param: str) -> Any:
+    """``value`` read as ``kind``; a mismatch is a 400 naming the exact field under ``param``."""
     try:
         return msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
@@ -77,7 +78,7 @@ def _content(value: Any, role: str, param: str) -> list[rs.ContentPart]:
         if kind not in _PARTS:
             raise invalid(f"Invalid value for '{where}.type': {kind!r} is not a content part "
                           f"this server reads (it reads {', '.join(_PARTS)}).", f"{where}.type")
-        parsed = _convert(part, _PARTS[kind], where)
+        parsed = read_as(part, _PARTS[kind], where)
         if isinstance(parsed, rs.InputImage) and parsed.image_url is None:
             raise invalid(f"Invalid '{where}': images are read from 'image_url' (an http(s) "
                           "or data: URL); 'file_id' needs a files API this server does not "

@@ -26,6 +26,7 @@ import msgspec
 from switchyard.openai_mapping.plans import invalid
 from switchyard.protocol import openai as oai
 from switchyard.protocol import responses as rs
+from switchyard.responses.items import read_as
 
 log = logging.getLogger("switchyard.responses")
 
@@ -95,15 +96,6 @@ def _custom_parameters(tool: rs.CustomTool, where: str) -> dict[str, Any]:
             "additionalProperties": False}
 
 
-def _convert(raw: dict[str, Any], kind: type[Any], where: str) -> Any:
-    try:
-        return msgspec.convert(raw, kind)
-    except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at `$")
-        at = f"{where}{path.rstrip('`')}" if path else where
-        raise invalid(f"Invalid '{at}': {message}.", at) from None
-
-
 def _flat(tool: rs.FunctionTool | rs.CustomTool, where: str, namespace: str | None
           ) -> tuple[str, Literal["function", "custom"], oai.FunctionDefinition]:
     if isinstance(tool, rs.CustomTool):
@@ -140,7 +132,7 @@ def read_tools(raw: list[Any] | None, strict_hosted: bool = False) -> ToolSet:
             raise invalid(f"Invalid '{where}': the Responses API's tools are flat "
                           "({type, name, parameters}), not nested under 'function' as on "
                           "chat completions.", f"{where}.name")
-        tool = _convert(value, _TYPES[kind], where)
+        tool = read_as(value, _TYPES[kind], where)
         tools.append(tool)
         if isinstance(tool, rs.NamespaceTool):
             for j, inner in enumerate(tool.tools):
