@@ -135,3 +135,39 @@ def test_template_runtime_error(make_chatml: Factory) -> None:
 def test_empty_conversation(chatml: TextTokenizer) -> None:
     with pytest.raises(ChatTemplateError, match="no messages"):
         render_chat(chatml, [])
+
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n' }}"
+    "{% endif %}{% endif %}"
+)
+"""A Qwen3-style switch: `enable_thinking` false writes an empty thinking section."""
+
+
+def test_template_kwargs_reach_the_template_as_transformers_passes_them(
+        make_chatml: Factory) -> None:
+    """vLLM's `chat_template_kwargs`: the same text as transformers' `apply_chat_template`
+    with the same keyword arguments."""
+    tokenizer = load_tokenizer(make_chatml(template=THINKING_TEMPLATE))
+    messages = [ChatMessage("user", "Hi")]
+    plain = render_chat(tokenizer, messages)
+    off = render_chat(tokenizer, messages, template_kwargs={"enable_thinking": False})
+    assert plain != off and off.endswith("<think>\n\n</think>\n")
+    conversation = [{"role": "user", "content": "Hi"}]
+    assert off == tokenizer.hf_tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+
+
+def test_generation_prompt_and_continue_final_follow_the_flags(chatml: TextTokenizer) -> None:
+    """vLLM's `add_generation_prompt: false` ends after the last message; an explicit
+    `continue_final_message: false` starts a new turn after a last assistant message."""
+    user = [ChatMessage("user", "Hi")]
+    assert render_chat(chatml, user, generation_prompt=False) == "<|im_start|>user\nHi<|im_end|>\n"
+    reply = [*user, ChatMessage("assistant", "Hello")]
+    assert render_chat(chatml, reply, continue_final=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
+        "<|im_start|>assistant\n")
