@@ -96,6 +96,20 @@ def test_streamed_token_ids_add_up_to_the_unstreamed(server):
     assert all(c["usage"]["prompt_tokens"] == len(full["prompt_token_ids"]) for c in chunks)
 
 
+def test_a_streamed_completion_carries_its_prompt_ids_once_and_its_token_ids(server):
+    body = {"model": "tgi", "temperature": 0, "prompt": PROMPT, "max_tokens": 5,
+            "ignore_eos": True, "return_token_ids": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
+        choices = [c for line in r.iter_lines()
+                   if line.startswith("data: ") and line != "data: [DONE]"
+                   for c in json.loads(line[6:])["choices"]]
+    full = _completion(server, prompt=PROMPT, max_tokens=5, ignore_eos=True,
+                       return_token_ids=True)["choices"][0]
+    assert [c["prompt_token_ids"] for c in choices if "prompt_token_ids" in c] == [
+        full["prompt_token_ids"]]
+    assert [i for c in choices for i in c.get("token_ids", [])] == full["token_ids"]
+
+
 def test_stop_token_ids_end_the_text_before_the_token(server, hf):
     tok, model = hf
     ids = tok.encode(PROMPT)

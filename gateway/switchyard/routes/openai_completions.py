@@ -109,17 +109,18 @@ class _Answer:
         return echo_logprobs(self.model, echoed, scores.prompt_logprobs,
                              scores.prompt_top_tokens, self.alternatives)
 
-    def prompt_extras(self, prompt: int, scores: Finished | None) -> dict[str, Any]:
-        """A choice's `prompt_token_ids` and `prompt_logprobs`, where asked for."""
-        extras, out = self.extras, {}
+    def prompt_extras(self, prompt: int, scores: Finished | None
+                      ) -> tuple[list[int] | msgspec.UnsetType,
+                                 oai.PromptLogprobs | msgspec.UnsetType]:
+        """A choice's `prompt_token_ids` and `prompt_logprobs`, each where asked for."""
+        extras = self.extras
         ids = self.plan.plans[prompt].prompt_ids
-        if extras.token_ids:
-            out["prompt_token_ids"] = list(ids)
+        token_ids = list(ids) if extras.token_ids else msgspec.UNSET
+        logprobs: oai.PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
         if extras.prompt_logprobs is not None and scores is not None:
-            out["prompt_logprobs"] = prompt_logprobs(
-                self.model, ids, scores.prompt_logprobs, scores.prompt_top_tokens,
-                extras.prompt_logprobs)
-        return out
+            logprobs = prompt_logprobs(self.model, ids, scores.prompt_logprobs,
+                                       scores.prompt_top_tokens, extras.prompt_logprobs)
+        return token_ids, logprobs
 
     def choice(self, prompt: int, index: int, result: Completed,
                echoed: oai.CompletionLogprobs | None,
@@ -136,10 +137,11 @@ class _Answer:
             if echoed is not None:
                 lp = joined(echoed, lp)
         text = prefix if self.plan.score_only else prefix + done.generated_text
+        prompt_ids, prompt_lp = self.prompt_extras(prompt, scores)
         return oai.CompletionChoice(
             index=index, text=text, logprobs=lp, finish_reason=self.finish(done),
             token_ids=[s.token.id for s in steps] if self.extras.token_ids else msgspec.UNSET,
-            **self.prompt_extras(prompt, scores))
+            prompt_token_ids=prompt_ids, prompt_logprobs=prompt_lp)
 
     def finish(self, done: Finished) -> oai.FinishReasonOpenAI:
         """The choice's finish reason; scoring generates nothing, up to its limit of 0."""
@@ -247,13 +249,14 @@ class _StreamState:
         ids = [step.token.id] if a.extras.token_ids and not a.plan.score_only else None
         if not (text or done is not None or lp is not None or ids):
             return []
-        first = a.extras.token_ids and not self.sent_prompt[index]
+        # The prompt's ids go with a choice's first chunk (prompt logprobs are not streamed).
+        prompt_ids = (a.prompt_extras(a.prompt_of(index), None)[0]
+                      if not self.sent_prompt[index] else msgspec.UNSET)
         self.sent_prompt[index] = True
         return [a.chunk([oai.CompletionChoice(
             index=index, text=text, logprobs=lp,
             finish_reason=a.finish(done) if done is not None else None,
-            token_ids=ids if ids is not None else msgspec.UNSET,
-            **(a.prompt_extras(a.prompt_of(index), None) if first else {}))],
+            token_ids=ids if ids is not None else msgspec.UNSET, prompt_token_ids=prompt_ids)],
             generated=0 if a.plan.score_only else self.generated[index])]
 
 
