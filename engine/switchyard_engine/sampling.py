@@ -12,7 +12,8 @@ a step at once, in this order:
    ``MinNewTokensLengthLogitsProcessor``), unless that would leave the row no
    finite logit at all (a grammar that allows only EOS): then the grammar wins
    and the row is left as it was (:func:`apply_eos_holds`),
-5. for sampled rows only: temperature, top-k, top-p and typical-p (TGI's order),
+5. for sampled rows only: temperature, top-k, top-p, min-p and typical-p (TGI's order,
+   min-p where transformers puts it),
 
 then the choice itself and the log-probabilities. All results travel to the
 host in a single ``tolist()`` at the end, so the cost of leaving the device is
@@ -370,7 +371,8 @@ def apply_eos_holds(scores: torch.Tensor, rows: Sequence[RowSampler]) -> torch.T
 
 
 def warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Temperature, top-k, top-p and typical-p for sampled rows; filtered entries become -inf."""
+    """Temperature, top-k, top-p, min-p and typical-p for sampled rows; filtered entries
+    become -inf."""
     return _warp(scores, params).scores
 
 
@@ -380,14 +382,14 @@ class _Warped:
 
     ``scores`` ([n, vocab]) are the fully processed scores. ``filtered`` holds
     the candidate lists of the rows listed in ``filtered_rows`` (those with top-k
-    or top-p); typical-p changed the rows in ``typical_rows`` after that, so
-    their candidate lists no longer describe what they keep.
+    or top-p); min-p or typical-p changed the rows in ``rewarped_rows`` after that,
+    so their candidate lists no longer describe what they keep.
     """
 
     scores: torch.Tensor
     filtered: Filtered | None
     filtered_rows: list[int]
-    typical_rows: list[int]
+    rewarped_rows: list[int]
 
 
 def _warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> _Warped:
@@ -422,12 +424,25 @@ def _warp(scores: torch.Tensor, params: Sequence[SamplingParams]) -> _Warped:
                                      [params[i].top_p for i in rows])
         scores = scores.index_copy(0, idx, filtered.scores)
 
+    min_p = [i for i, p in enumerate(params) if p.min_p > 0.0]
+    if min_p:
+        idx = torch.tensor(min_p, device=device)
+        ratio = scores.new_tensor([params[i].min_p for i in min_p])
+        scores = scores.index_copy(0, idx, _min_p(scores[idx], ratio))
     typical = [i for i, p in enumerate(params) if p.typical_p < 1.0]
     if typical:
         idx = torch.tensor(typical, device=device)
         mass = scores.new_tensor([params[i].typical_p for i in typical])
         scores = scores.index_copy(0, idx, _typical(scores[idx], mass))
-    return _Warped(scores, filtered, rows, typical)
+    return _Warped(scores, filtered, rows, sorted(set(min_p) | set(typical)))
+
+
+def _min_p(scores: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """Min-p: drop tokens whose probability is below ``ratio`` times the row's largest
+    (transformers' ``MinPLogitsWarper``, which always keeps the most likely token)."""
+    probs = torch.softmax(scores, dim=-1)
+    drop = probs < ratio[:, None] * probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(drop, _NEG_INF)
 
 
 def _typical(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -447,7 +462,7 @@ def _draw(warped: _Warped, generators: Sequence[torch.Generator | None]) -> torc
     """Sample one id per row by inverse CDF, with one uniform from each row's own generator.
 
     A row filtered on its candidates draws from their kept probabilities (in
-    their canonical order); any other row (no filter, typical-p, refiltered
+    their canonical order); any other row (no filter, min-p, typical-p, refiltered
     exactly) from the softmax of its whole processed row. Which path a row takes
     depends only on its own scores and parameters, so its token does too.
     """
@@ -461,7 +476,7 @@ def _draw(warped: _Warped, generators: Sequence[torch.Generator | None]) -> torc
     picks = torch.zeros(n, dtype=torch.long, device=device)
     f, filtered = warped.filtered, warped.filtered_rows
     # Rows that draw from their whole row, as far as the host knows.
-    whole = sorted(set(range(n)).difference(filtered).union(warped.typical_rows))
+    whole = sorted(set(range(n)).difference(filtered).union(warped.rewarped_rows))
     rest: torch.Tensor | None = None
     if f is not None:
         idx = torch.tensor(filtered, device=device)

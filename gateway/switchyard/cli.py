@@ -190,7 +190,7 @@ def main() -> None:
               envvar="SWITCHYARD_OVERRIDE_GENERATION_CONFIG", default=None,
               callback=_generation_defaults,
               help="JSON defaults for sampling fields an OpenAI request leaves out, as vLLM's "
-                   "flag: temperature, top_p, top_k, repetition_penalty, frequency_penalty, "
+                   "flag: temperature, top_p, top_k, min_p, repetition_penalty, frequency_penalty, "
                    "presence_penalty. E.g. '{\"temperature\": 0}' for agent "
                    "clients that send none.")
 @click.option("--strict-hosted-tools", envvar="SWITCHYARD_STRICT_HOSTED_TOOLS", is_flag=True,

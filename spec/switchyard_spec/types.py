@@ -57,6 +57,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """1.0 disables nucleus sampling."""
     typical_p: float = 1.0
     """1.0 disables typical sampling."""
+    min_p: float = 0.0
+    """Drop tokens less likely than ``min_p`` times the most likely one (vLLM's
+    ``min_p``, applied after top-k and top-p as transformers' ``MinPLogitsWarper``);
+    0.0 disables it."""
     seed: int | None = None
     """None: the engine picks a seed and reports it in ``TokenEvent.seed``."""
     repetition_penalty: float = 1.0

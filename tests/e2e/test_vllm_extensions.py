@@ -127,6 +127,18 @@ def test_stop_token_ids_end_the_text_before_the_token(server, hf):
     assert kept["text"] == tok.decode(greedy[:at + 1])
 
 
+def test_min_p_one_keeps_only_the_most_likely_token(server, hf):
+    """`min_p: 1` at temperature 1 leaves each step only its most likely token: greedy
+    decoding, whatever the seed (the filter is transformers' MinPLogitsWarper, checked
+    against it in tests/engine/test_engine_sampling.py)."""
+    tok, model = hf
+    greedy = generate_greedy(model, tok.encode(PROMPT), 8)
+    for seed in (1, 2):
+        body = _completion(server, prompt=PROMPT, max_tokens=8, ignore_eos=True,
+                           temperature=1.0, seed=seed, min_p=1.0, return_token_ids=True)
+        assert body["choices"][0]["token_ids"] == greedy
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(server, hf):
     tok, model = hf
     text = tok.decode(generate_greedy(model, tok.encode(PROMPT), 8))

@@ -72,6 +72,9 @@ def test_sampled_logprob_uses_temperature_processed_logits():
         SamplingParams(do_sample=True, temperature=1.5, top_k=20, top_p=0.6),
         SamplingParams(do_sample=True, typical_p=0.7),
         SamplingParams(do_sample=True, temperature=0.9, top_k=30, top_p=0.9, typical_p=0.8),
+        SamplingParams(do_sample=True, min_p=0.1),
+        SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(do_sample=True, min_p=0.2, typical_p=0.9),
     ],
 )
 def test_warp_matches_transformers_in_a_mixed_batch(params):
@@ -153,6 +156,16 @@ def test_warp_keeps_transformers_set_at_a_real_vocabulary_size():
     assert exact >= 0.95 * n, exact
     # Most rows were decided on their candidates, not refiltered by a full sort.
     assert int((~refiltered).sum()) >= n // 2, int((~refiltered).sum())
+
+
+def test_min_p_only_samples_tokens_near_the_most_likely():
+    logits = torch.full((1, V), -10.0)
+    logits[0, :3] = torch.tensor([3.0, 2.5, 1.0])  # p(1)/p(0) = 0.61, p(2)/p(0) = 0.14
+    drawn = set()
+    for seed in range(200):
+        (tok,) = sample(logits, [_row(SamplingParams(do_sample=True, min_p=0.3), seed=seed)])
+        drawn.add(tok.token_id)
+    assert drawn == {0, 1}
 
 
 def test_top_p_only_samples_from_the_nucleus():

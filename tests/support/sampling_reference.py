@@ -1,10 +1,12 @@
 """transformers' own logits warpers, the independent reference for switchyard_engine.sampling:
-temperature, top-k, top-p and typical-p applied as ``generate`` applies them to one row."""
+temperature, top-k, top-p, min-p and typical-p applied as ``generate`` applies them to one
+row."""
 
 from __future__ import annotations
 
 import torch
 from transformers.generation.logits_process import (
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -28,6 +30,8 @@ def transformers_warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         scores = TopKLogitsWarper(p.top_k)(None, scores)
     if p.top_p < 1.0:
         scores = TopPLogitsWarper(p.top_p)(None, scores)
+    if p.min_p > 0.0:
+        scores = MinPLogitsWarper(p.min_p)(None, scores)
     if p.typical_p < 1.0:
         scores = transformers_typical(scores, p.typical_p)
     return scores

@@ -47,7 +47,6 @@ _REFUSED_CHAT_FIELDS = ("audio", "prediction", "reasoning_effort", "verbosity",
 """OpenAI and vLLM chat fields that would change the answer and are not served: a 400 names
 them (`chat_template`: the server renders with the model's own template only)."""
 UNSERVED_VLLM_FIELDS: tuple[tuple[str, str], ...] = (
-    ("min_p", "the engines' samplers have no min-p filter"),
     ("allowed_token_ids", "the engines have no allowed-token mask"),
     ("bad_words", "the engines have no banned-sequence filter"),
 )
@@ -195,7 +194,7 @@ def sampling_fields(settings: ServeSettings, model: ServedModel, req: oai.Sampli
         truncate = model.limits.max_input_tokens
     fields = PlanFields(
         do_sample=req.temperature != 0.0,
-        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, frequency_penalty=req.frequency_penalty,
         presence_penalty=req.presence_penalty, seed=req.seed,
         logit_bias=logit_bias_pairs(req.logit_bias, vocab),

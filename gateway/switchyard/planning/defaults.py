@@ -23,6 +23,7 @@ class GenerationDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

@@ -25,6 +25,8 @@ class PlanFields(msgspec.Struct, frozen=True, kw_only=True):
     """0 or None: no limit."""
     top_p: float | None = None
     typical_p: float | None = None
+    min_p: float | None = None
+    """vLLM's min-p: drop tokens less likely than this times the most likely one."""
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

@@ -83,6 +83,7 @@ RULES: tuple[Rule, ...] = (
     Rule(field="presence_penalty", openai=Range(low=-2, high=2)),
     Rule(field="top_p", tgi=_UNIT_OPEN, openai=Range(low=0, high=1, low_open=True)),
     Rule(field="typical_p", tgi=_UNIT_OPEN),
+    Rule(field="min_p", openai=Range(low=0, high=1)),
     Rule(field="top_k", tgi=Range(low=0, low_open=True),
          openai=Range(low=0, words=">= 0 (0 or absent: no limit)")),
     Rule(field="max_new_tokens", tgi=Range(low=0, low_open=True), openai=Range(low=1),

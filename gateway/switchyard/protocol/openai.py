@@ -208,7 +208,10 @@ class SamplingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     truncate_prompt_tokens: Annotated[int | None, Meta(
         description="vLLM's extension: keep only the last this many prompt tokens "
                     "(-1: the longest prompt the model takes).")] = None
-    min_p: Annotated[float | None, Meta(description=_REFUSED + " (vLLM's min-p)")] = None
+    min_p: Annotated[float | None, Meta(
+        description="vLLM's extension, from 0 to 1: drop tokens less likely than min_p times "
+                    "the most likely one (after top-k and top-p, as transformers does).")
+    ] = None
     allowed_token_ids: Annotated[list[int] | None, Meta(description=_REFUSED)] = None
     bad_words: Annotated[list[str] | None, Meta(description=_REFUSED)] = None
     structured_outputs: Annotated[StructuredOutputs | None, Meta(
