@@ -34,12 +34,12 @@ def parse_defaults(text: str) -> GenerationDefaults:
     try:
         defaults = msgspec.json.decode(text.encode() or b"{}", type=GenerationDefaults)
     except msgspec.DecodeError as exc:
-        raise ValueError(f"--override-generation-config: {exc} (keys: "
+        raise ValueError(f"{exc} (keys: "
                          f"{', '.join(GenerationDefaults.__struct_fields__)})") from None
     try:
         check_fields("openai", apply_defaults(PlanFields(), defaults))
     except Exception as exc:  # noqa: BLE001 - an ApiError: its message says the range
-        raise ValueError(f"--override-generation-config: {exc}") from None
+        raise ValueError(str(exc)) from None
     return defaults
 
 
