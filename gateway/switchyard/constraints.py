@@ -206,16 +206,22 @@ def regex_constraint(pattern: Any) -> Constraint:
         raise ConstraintError("the regular expression is empty")
     if "\x00" in pattern:
         raise ConstraintError("the regular expression holds a NUL character")
-    if len(pattern.encode()) > MAX_GRAMMAR_BYTES:
-        raise ConstraintError(f"the regular expression is {len(pattern.encode())} bytes, more "
-                              f"than the {MAX_GRAMMAR_BYTES} allowed")
+    _compiles(pattern, "the regular expression", "from_regex")
+    return Constraint(kind=ConstraintKind.REGEX, spec=pattern)
+
+
+def _compiles(text: str, what: str, parser: str) -> None:
+    """``text`` is within the size limit and xgrammar's ``Grammar.<parser>`` reads it;
+    ``ConstraintError`` names ``what`` otherwise."""
+    if len(text.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"{what} is {len(text.encode())} bytes, more than the "
+                              f"{MAX_GRAMMAR_BYTES} allowed")
     import xgrammar as xgr
 
     try:
-        xgr.Grammar.from_regex(pattern)
-    except Exception as exc:  # noqa: BLE001
-        raise ConstraintError(f"cannot compile the regular expression: {_reason(exc)}") from None
-    return Constraint(kind=ConstraintKind.REGEX, spec=pattern)
+        getattr(xgr.Grammar, parser)(text)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError with its reason
+        raise ConstraintError(f"cannot compile {what}: {_reason(exc)}") from None
 
 
 def grammar_constraint(ebnf: Any) -> Constraint:
@@ -223,16 +229,7 @@ def grammar_constraint(ebnf: Any) -> Constraint:
     says what is wrong."""
     if not isinstance(ebnf, str) or not ebnf.strip():
         raise ConstraintError("a grammar must be a non-empty string")
-    if len(ebnf.encode()) > MAX_GRAMMAR_BYTES:
-        raise ConstraintError(f"the grammar is {len(ebnf.encode())} bytes, more than the "
-                              f"{MAX_GRAMMAR_BYTES} allowed")
-    import xgrammar as xgr
-
-    try:
-        xgr.Grammar.from_ebnf(ebnf)
-    except Exception as exc:  # noqa: BLE001
-        raise ConstraintError(f"cannot compile the grammar (EBNF with a `root` rule): "
-                              f"{_reason(exc)}") from None
+    _compiles(ebnf, "the grammar (EBNF with a `root` rule)", "from_ebnf")
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=ebnf)
 
 

@@ -344,12 +344,11 @@ def _check_chat_fields(req: oai.ChatCompletionRequest) -> None:
                           "top_logprobs")
 
 
-def chat_fields(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest
-                ) -> tuple[PlanFields, WireNames]:
+def chat_fields(gw: Gateway, model: ServedModel, req: oai.ChatCompletionRequest,
+                extras: AnswerExtras) -> tuple[PlanFields, WireNames]:
     """Chat's adapter: the request's generation fields, and the names its errors use."""
     newer = req.max_completion_tokens is not None
     names = WireNames(max_tokens="max_completion_tokens" if newer else "max_tokens")
-    extras = answer_extras(req, MAX_TOP_LOGPROBS)
     fields = sampling_fields(
         gw.settings, model, req, names=names,
         top_n=max(req.top_logprobs or 0, extras.prompt_top_n),
@@ -370,7 +369,9 @@ def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionReque
     ``encode`` tokenizes the rendered prompt; ``adapted`` holds the generation fields when
     another API's adapter read them (the Responses API plans its prompt as a chat)."""
     _check_chat_fields(req)
-    fields, names = adapted or chat_fields(gw, model, req)
+    # The Responses API has none of vLLM's answer extensions.
+    extras = answer_extras(req, MAX_TOP_LOGPROBS) if adapted is None else AnswerExtras()
+    fields, names = adapted or chat_fields(gw, model, req, extras)
     _reject_unsupported_chat_fields(req)
     constraint = chat_constraint(model, req, names)
     tools = tool_setup(model, req)
@@ -386,7 +387,6 @@ def plan_chat_call(gw: Gateway, model: ServedModel, req: oai.ChatCompletionReque
     echo = ""
     if req.echo and req.messages[-1].role == "assistant":
         echo = _message_text(req.messages[-1])
-    extras = answer_extras(req, MAX_TOP_LOGPROBS) if adapted is None else AnswerExtras()
     return ChatPlan(plan=plan, tools=tools, prompt_text=text, extras=extras, echo=echo)
 
 

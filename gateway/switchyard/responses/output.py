@@ -124,8 +124,7 @@ class OutputBuilder:
             return out + [ev.OutputItemAdded(output_index=call.index, item=item)]
         assert self._call is not None
         self._call.arguments.append(event.text)
-        if not isinstance(call_item(self.offered, "", "", self._call.name, "", "in_progress"),
-                          rs.FunctionCallItem):
+        if self.offered.is_custom(self._call.name):
             return []  # a custom tool's input is not its JSON arguments: it comes whole
         return [ev.FunctionCallArgumentsDelta(item_id=self._call.id,
                                               output_index=self._call.index, delta=event.text)]

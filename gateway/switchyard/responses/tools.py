@@ -71,6 +71,11 @@ class ToolSet(msgspec.Struct, frozen=True, kw_only=True):
         """The tool the model called by ``model_name``."""
         return next((t for t in self.offered if t.model_name == model_name), None)
 
+    def is_custom(self, model_name: str) -> bool:
+        """Whether the model's call of ``model_name`` goes back as a `custom_tool_call`."""
+        tool = self.by_model_name(model_name)
+        return tool is not None and tool.kind == "custom"
+
     def model_name(self, name: str, namespace: str | None) -> str:
         """The name the model knows a client tool by (the name itself when not offered)."""
         return next((t.model_name for t in self.offered
