@@ -25,13 +25,13 @@ from switchyard.media import ImageSet, encode_prompt, tgi_images
 from switchyard.models.served import ServedModel
 from switchyard.protocol import openai as oai
 from switchyard.protocol import tgi, vllm
+from switchyard.routes.vllm import decode_body, vllm_tokenize
 from switchyard.remote import forward as remote
 from switchyard.routes.auth import require_api_key
 from switchyard.routes.content_type import require_json
 from switchyard.routes.disconnect import unless_client_leaves
 from switchyard.routes.errors import tgi_exception_handlers
 from switchyard.openai_mapping.plans import chat_prompt
-from switchyard.tools.openai import tool_setup
 from switchyard.routes.ops import Degraded, health
 from switchyard.state import Gateway
 from switchyard.telemetry.request import note_error
@@ -329,11 +329,11 @@ async def tokenize_route(
     vLLM's body, a `prompt` or the `messages` of a chat (templated), answered in vLLM's shape.
     A remote model's replica tokenizes: it holds the tokenizer."""
     body = await request.body()
-    shape = _decode(body, vllm.TokenizeShape)
+    shape = decode_body(body, vllm.TokenizeShape)
     if shape.inputs is msgspec.UNSET and (shape.prompt is not msgspec.UNSET
                                           or shape.messages is not msgspec.UNSET):
         return vllm_tokenize(gw, body, shape)
-    data = _decode(body, tgi.GenerateRequest)
+    data = decode_body(body, tgi.GenerateRequest)
     target = remote.remote_target(gw, x_model, "tgi")
     if target is not None:
         return await remote.forward_tgi(target, "/tokenize", body, False)
@@ -344,42 +344,6 @@ async def tokenize_route(
         tgi.SimpleToken(id=t.id, text=t.text, start=t.start, stop=t.stop)
         for t in model.tokenizer.encode_with_offsets(data.inputs, add_special_tokens=True)
     ]
-
-
-def _decode(body: bytes, kind: type[Any]) -> Any:
-    """``body`` read as ``kind``; a body that is not one is a 422 naming the field."""
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError:
-        raise ApiError(400, "Input validation error: JSON is malformed", "validation") from None
-
-
-def vllm_tokenize(gw: Gateway, body: bytes, shape: vllm.TokenizeShape) -> vllm.TokenizeResponse:
-    """vLLM's `/tokenize`: a prompt's tokens (with BOS, as a completion's), or a chat's
-    (templated as `/v1/chat/completions` renders it)."""
-    if shape.messages is not msgspec.UNSET:
-        chat = _decode(body, vllm.TokenizeChatRequest)
-        model = gw.model(chat.model)
-        req = oai.ChatCompletionRequest(
-            messages=chat.messages, tools=chat.tools,
-            add_generation_prompt=chat.add_generation_prompt,
-            continue_final_message=chat.continue_final_message,
-            chat_template_kwargs=chat.chat_template_kwargs)
-        text = chat_prompt(model, req, tool_setup(model, req))
-        ids = model.tokenizer.encode(text, chat.add_special_tokens)
-        want_strs = chat.return_token_strs
-    else:
-        prompt = _decode(body, vllm.TokenizeCompletionRequest)
-        model = gw.model(prompt.model)
-        ids = model.tokenizer.encode(prompt.prompt, prompt.add_special_tokens)
-        want_strs = prompt.return_token_strs
-    return vllm.TokenizeResponse(
-        count=len(ids), max_model_len=model.limits.max_total_tokens, tokens=list(ids),
-        # vLLM's token strings are the vocabulary's own (byte-level marks included).
-        token_strs=model.tokenizer.hf_tokenizer.convert_ids_to_tokens(list(ids))
-        if want_strs else None)
 
 
 @post("/chat_tokenize", status_code=200, summary="Template and tokenize a chat request",
