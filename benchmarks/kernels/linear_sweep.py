@@ -13,6 +13,9 @@ best round, so a machine that gets busier mid-run skews all of them alike.
 ``panel`` is the engine's own fp32 kernel, ``panel:bf16`` the same with the
 weights stored as bf16 (fp32 math), ``panel:dot`` the AVX512_BF16 kernel
 (``kernels/panel_dot_bf16.cpp``: bf16 weights and inputs, fp32 sums),
+``panel:dot:amx`` and ``panel:dot:rows`` the same weights with every call
+sent to its AMX path (tdpbf16ps over the same panels) or kept on the row
+kernel, whatever the engine's crossover says (``panel:dot`` follows it),
 ``panel:int8`` that kernel over int8 weights with per-feature scales (the
 engine's ``--quantize int8``), ``panel:int4`` (``panel:int4:G``) the uint4
 kernel (``kernels/panel_dot_uint4.cpp``: a scale and zero point per group
@@ -123,6 +126,17 @@ def quantized_panels(name: str, weight: torch.Tensor) -> torch.Tensor:
     return pack_quantized(quantize_uint4(weight, group), fma=fma)
 
 
+ROUTES = {"panel:dot:amx": 0, "panel:dot:rows": 1 << 40}
+"""Variants that pin the bf16 dot panels' AMX crossover (``bf16_amx_rows``) while they run."""
+
+
+def route(name: str, default: int) -> None:
+    """Set the dot panels' AMX crossover for variant ``name`` (``default`` for the others)."""
+    ops = torch.ops.switchyard_xeon
+    if hasattr(ops, "bf16_amx_rows") and default >= 0:
+        ops.bf16_amx_rows(ROUTES.get(name, default))
+
+
 def variant(name: str, weight: torch.Tensor) -> Matmul:
     """A callable x -> x @ weight.T for the variant ``name``."""
     if name == "F.linear":
@@ -136,13 +150,13 @@ def variant(name: str, weight: torch.Tensor) -> Matmul:
         kernel = gemv_module().gemv  # type: ignore[attr-defined]
         return lambda x: kernel(x, weight)
     quantized = name.startswith(("panel:int8", "panel:int4", "panel:fma:"))
-    if name in ("panel", "panel:bf16", "panel:dot") or quantized:
+    if name in ("panel", "panel:bf16", "panel:dot", *ROUTES) or quantized:
         from switchyard_xeon.kernels import load_kernels
 
         assert load_kernels().fn is not None, load_kernels().reason
         # panel:bf16 keeps the weights as bf16 in memory and computes in fp32.
         stored = weight.to(torch.bfloat16) if name == "panel:bf16" else weight
-        if name == "panel:dot":
+        if name.startswith("panel:dot"):
             panels = torch.ops.switchyard_xeon.pack_panels_bf16_dot(weight)
         elif quantized:
             panels = quantized_panels(name, weight)
@@ -172,12 +186,17 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads, {args.dtype}, "
           f"{flops_per_row // 2 / 1e6:.1f} M weights, load {os.getloadavg()[0]:.1f}")
     calls = {name: [variant(name, w) for w in weights] for name in args.variants}
+    ops = torch.ops.switchyard_xeon
+    crossover = ops.bf16_amx_rows(-1) if hasattr(ops, "bf16_amx_rows") else -1
+    if crossover >= 0:
+        print(f"bf16 dot panels: AMX from {crossover} rows")
     best: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
         for rows in args.rows:
             inputs = {k: torch.randn(rows, k).to(dtype) for k in {w.shape[1] for w in weights}}
             for _ in range(args.rounds):
                 for name, fns in calls.items():
+                    route(name, crossover)
                     start = time.perf_counter()
                     for fn, w in zip(fns, weights, strict=True):
                         fn(inputs[w.shape[1]])

@@ -45,6 +45,9 @@ PATHS = (
                "widened in registers", "AVX2 + FMA (scalar loop otherwise)"),
     KernelPath("panel_dot bf16", "bf16 dot-product panels, vdpbf16ps (kernels/panel_dot_bf16.cpp)",
                "AVX512_BF16", twin="panel_gemm bf16-stored"),
+    KernelPath("panel_dot amx", "many-row calls of the bf16 and int8 dot panels on AMX tiles, "
+               "tdpbf16ps over the same panels (kernels/panel_dot_bf16.cpp)",
+               "AMX-BF16 and the kernel's tile permission", twin="panel_dot bf16"),
     KernelPath("panel int8", "int8 weights widened to bf16 dot products "
                "(kernels/panel_dot_bf16.cpp)", "AVX512_BF16"),
     KernelPath("panel uint4", "uint4 weights, bf16 dot products (kernels/panel_dot_uint4.cpp)",
@@ -94,6 +97,7 @@ def unavailable(name: str) -> str:
         "panel_gemm fp32": hasattr(ops, "panel_linear"),
         "panel_gemm bf16-stored": hasattr(ops, "panel_linear"),
         "panel_dot bf16": status.bf16_dot,
+        "panel_dot amx": status.bf16_amx,
         "panel int8": status.bf16_dot,
         "panel uint4": status.uint4_dot,
         "panel quant fma": status.quant_fma,

@@ -54,6 +54,7 @@ from switchyard_xeon.decoder import (
     decoder_unsupported,
 )
 from switchyard_xeon.fallback import FallbackRunner
+from switchyard_xeon.gemm_rows import choose_crossover
 from switchyard_xeon.ipex_support import Acceleration, detect_acceleration
 from switchyard_xeon.kernels import PagedDecodeFn, load_kernels
 from switchyard_xeon.kernels.reference import TorchFusedOps
@@ -451,6 +452,8 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
     ``stock``: fused but not packed), ``panel_storage`` (``auto``:
     panels of weights that hold only bf16 values, as a bf16 checkpoint
     loaded in fp32 does, are stored as bf16, exactly; ``float32``: never),
+    ``gemm_rows`` (the row count from which the dot-product panels take
+    AMX, measured here when unset: :mod:`switchyard_xeon.gemm_rows`),
     ``attention`` (``auto``: the native kernel when it builds; ``sdpa``:
     never) and ``forward`` (``auto``: the hand-written decoder for
     the Llama family, its decode steps in one native call where its pieces
@@ -483,6 +486,9 @@ def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozen
                           options=dict(options))
     logger.info("linears: %s", report.describe())
     logger.info("linear weights: %s", weight_memory(model))
+    crossover = choose_crossover(model, options)
+    if crossover is not None:
+        logger.info("many-row linears: %s", crossover.describe())
     if fallback:  # the model's own forward and attention: nothing more to choose
         return None, None  # type: ignore[return-value]
     if vision.is_vision_lm(model):  # its text model runs the packed steps (all packed now)

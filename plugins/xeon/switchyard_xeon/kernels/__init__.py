@@ -1,6 +1,6 @@
 """Native CPU kernels of the Xeon engine, built on first use for the machine that runs them.
 
-Twelve sources, one library per ISA level, registered as ``switchyard_xeon::*`` torch operators:
+Twelve sources and two headers, one library per ISA level, registered as ``switchyard_xeon::*`` torch operators:
 
 - ``paged_attention.cpp``: :data:`PagedDecodeFn`, decode attention that walks
   the block tables of the paged cache in place;
@@ -13,7 +13,9 @@ Twelve sources, one library per ISA level, registered as ``switchyard_xeon::*`` 
 - ``panel_dot_bf16.cpp``: bf16 linears (bf16 weights and inputs, fp32 sums)
   on CPUs with AVX512_BF16, the same panels in the k-pair order of its
   dot-product instruction, and the same over int8 weights with per-feature
-  scales (``--quantize int8``, :mod:`switchyard_xeon.quantized`);
+  scales (``--quantize int8``, :mod:`switchyard_xeon.quantized`); calls of
+  many rows on AMX tiles over the same panels where the CPU has AMX
+  (:mod:`~switchyard_xeon.gemm_rows` measures from how many);
 - ``panel_dot_uint4.cpp``: the same dot products over uint4 weights with a
   scale and zero point per group along K (``--quantize int4``);
 - ``panel_w8a8.cpp``: W8A8 linears (``--quantize smoothquant``): int8
@@ -187,6 +189,9 @@ class KernelStatus:
     bf16_dot: bool = False
     """The dot-product panels (bf16 and int8 weights) exist (built for a CPU with
     AVX512_BF16) and passed their check."""
+    bf16_amx: bool = False
+    """Those panels run calls of many rows on AMX (tdpbf16ps over the same panels):
+    the CPU has AMX-BF16 and the kernel granted the tiles; checked on both paths."""
     uint4_dot: bool = False
     """The uint4 dot-product panels exist (the same build) and passed their check."""
     quant_fma: bool = False
@@ -247,6 +252,7 @@ def _load() -> KernelStatus:
     dot_error = checks.check_bf16_dot() if bf16_dot else ""
     if dot_error:
         logger.warning("bf16 dot-product panels failed their check, not used: %s", dot_error)
+    bf16_amx = bf16_dot and not dot_error and checks.amx_rows() >= 0
     uint4_dot = bf16_dot and not dot_error and hasattr(ops, "pack_panels_uint4_dot")
     uint4_error = checks.check_uint4_dot() if uint4_dot else ""
     if uint4_error:
@@ -280,7 +286,7 @@ def _load() -> KernelStatus:
         logger.warning("LoRA product failed its check, not used: %s", lora_error)
     return KernelStatus(op, f"native kernels for {variant.name} ({why})", NativeFusedOps(),
                         prefill=prefill, variant=variant.name, lora=not lora_error,
-                        bf16_dot=bf16_dot and not dot_error,
+                        bf16_dot=bf16_dot and not dot_error, bf16_amx=bf16_amx,
                         uint4_dot=uint4_dot and not uint4_error,
                         quant_fma=quant_fma and not fma_error, w8a8=w8a8,
                         token_mask=token_mask)

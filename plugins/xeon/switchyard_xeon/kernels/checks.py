@@ -173,20 +173,40 @@ def check_bf16_dot() -> str:
     reference uses the weight the int8 format defines). Ragged shapes: odd K
     (a padded k pair), N not a multiple of 16 (a masked last panel), an odd
     number of panels (one runs alone), 1-13 and 600 rows (int8: widened in
-    registers up to 24 rows, through a per-thread buffer past that).
+    registers up to 24 rows, through a per-thread buffer past that), and K of
+    whole AMX k-steps (64: the panels read in place) beside K of part of one.
+    Where AMX is granted (``bf16_amx_rows``), every case runs on both paths.
     """
     ops = torch.ops.switchyard_xeon
-    gen = torch.Generator().manual_seed(3)
-    for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40)):
-        error = _panel_case_error(ops.pack_panels_bf16_dot, case, gen, bf16_inputs=True)
-        if error:
-            return f"bf16 dot panels: {error}"
-        weight = _random_quantized(INT8_PER_CHANNEL, case[1], case[2], gen)
-        error = _panel_case_error(lambda _, w=weight: pack_quantized(w), case, gen,
-                                  bf16_inputs=True, seen=lambda _, w=weight: reference_weight(w))
-        if error:
-            return f"int8 dot panels: {error}"
+    crossover = amx_rows()
+    routes = (crossover,) if crossover < 0 else (1 << 40, 0)
+    try:
+        for route in routes:
+            if route >= 0:
+                ops.bf16_amx_rows(route)
+            path = "" if route < 0 else "AMX " if route == 0 else "row-kernel "
+            gen = torch.Generator().manual_seed(3)
+            for case in ((1, 37, 24), (7, 50, 65), (13, 16, 9), (600, 33, 40), (40, 64, 64)):
+                error = _panel_case_error(ops.pack_panels_bf16_dot, case, gen, bf16_inputs=True)
+                if error:
+                    return f"bf16 dot panels ({path}path): {error}"
+                weight = _random_quantized(INT8_PER_CHANNEL, case[1], case[2], gen)
+                error = _panel_case_error(lambda _, w=weight: pack_quantized(w), case, gen,
+                                          bf16_inputs=True,
+                                          seen=lambda _, w=weight: reference_weight(w))
+                if error:
+                    return f"int8 dot panels ({path}path): {error}"
+    finally:
+        if crossover >= 0:
+            ops.bf16_amx_rows(crossover)
     return ""
+
+
+def amx_rows() -> int:
+    """The row count from which the dot-product panels take AMX; -1 where they cannot
+    (a build without AMX code, a CPU without AMX-BF16, a kernel that refused the tiles)."""
+    ops = torch.ops.switchyard_xeon
+    return int(ops.bf16_amx_rows(-1)) if hasattr(ops, "bf16_amx_rows") else -1
 
 
 def check_uint4_dot() -> str:

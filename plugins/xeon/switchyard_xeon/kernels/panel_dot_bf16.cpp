@@ -22,6 +22,10 @@
 // the same bf16 weights this doubles the multiply-adds per instruction, which
 // is what bounds batched decoding.
 //
+// Many rows (prefill chunks, wide decode batches) go to AMX where the CPU
+// and the kernel grant it: the same panels as B tiles, below ("Many rows on
+// AMX"); the row count where that starts is measured by the engine at load.
+//
 // int8 weights (weight-only quantization, `--quantize int8`): the same layout
 // with one byte per weight, [N/16, K/2 + 2, 16, 2] int8, where the two extra
 // k-pair steps of each panel hold its 16 fp32 per-feature scales. Integers in
@@ -36,9 +40,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "amx.h"
 #include "ops.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -244,6 +251,182 @@ void panel_rows(const uint32_t* x, const W* panel, const float* bias, float* y, 
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// Many rows on AMX (tdpbf16ps), over the same panels. A k-step of 16 pairs of
+// one panel, [16 pairs][16 features][2], is exactly an AMX B tile in its
+// VNNI order (16 lines of 64 bytes), so the panels are read in place and the
+// weights are stored once for both paths. The products are the same bf16
+// products summed in fp32 (in another order), so a call's rows get the same
+// numbers on either path up to fp32 rounding of the sums.
+//
+// The rows of x are converted once into A tiles (rows_as_tiles), zero-padded
+// to whole tiles (16 rows, 16 pairs); each thread takes
+// a pair of panels (32 output features) and runs every 32-row block of the
+// call over it (two A tiles x two B tiles, four fp32 C tiles over all of K),
+// so the pair stays in L1/L2 while the rows pass. A panel whose K is not a
+// whole number of k-steps, and int8 panels (widened exactly to bf16, scaled
+// at the end), are first copied into a per-thread buffer of whole k-steps.
+#if defined(SY_AMX_TILE) && defined(__AMX_BF16__)
+#define SY_DOT_AMX 1
+
+constexpr int64_t kTilePairs = 16;  // k-pair steps per tile: 32 k
+
+// Calls with at least this many rows take AMX; the engine sets it from a
+// sweep it measures at load (the bf16_amx_rows op). Until then: about the
+// crossover of the 135M shape's linears (Sapphire Rapids, 2 cores: AMX 14.2
+// ms a sweep at 16 rows against 28.6 on the row kernel, 13.2 against 17.3
+// at 8, 12.9 against 12.4 at 4).
+std::atomic<int64_t> g_amx_rows{16};
+
+// Rows of x as AMX A tiles: tile (r, t) holds rows 16 r.. and k-pairs 16 t.. as
+// one contiguous 1 KB block (16 rows of 64 bytes), so every tile load reads
+// consecutive lines. `out` has whole tiles of zeros past M and K.
+void rows_as_tiles(const float* x, int64_t M, int64_t K, int64_t tiles, uint32_t* out) {
+  const int64_t lda = tiles * kTilePairs;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> row(lda, 0);
+    for (int64_t r = begin; r < end; ++r) {
+      rows_as_pairs(x + r * K, 1, K, lda, row.data());
+      uint32_t* dst = out + (r / 16) * tiles * 256 + (r % 16) * kTilePairs;
+      for (int64_t t = 0; t < tiles; ++t) {
+        _mm512_storeu_si512(dst + t * 256, _mm512_loadu_si512(row.data() + t * kTilePairs));
+      }
+    }
+  });
+}
+
+// A panel's k-steps as whole tiles: `src` in place when it is bf16 with whole
+// k-steps, else copied (int8: widened) into `buf`, zero-padded.
+template <typename W>
+const bf16* tile_panel(const W* src, int64_t pairs, int64_t tiles, bf16* buf) {
+  if constexpr (std::is_same_v<W, bf16>) {
+    if (pairs == tiles * kTilePairs) return src;
+  }
+  for (int64_t k = 0; k < pairs; ++k) {
+    if constexpr (std::is_same_v<W, bf16>) {
+      _mm512_storeu_si512(buf + k * kStep, _mm512_loadu_si512(src + k * kStep));
+    } else {
+      _mm512_storeu_si512(buf + k * kStep, (__m512i)widen_step(src + k * kStep));
+    }
+  }
+  std::memset(buf + pairs * kStep, 0, (tiles * kTilePairs - pairs) * kStep * sizeof(bf16));
+  return buf;
+}
+
+// C tiles for rows m0.. (RA tiles of 16, from rows_as_tiles' `a`) x panels
+// b[0..PB) over `tiles` k-steps, then y = sum * scale + bias for the rows
+// below M and the features below N. A whole 32 x 32 block without scales or
+// bias is stored straight into y; `c` (4 KB) holds the others' sums.
+template <int RA, int PB>
+void amx_block(const uint32_t* a, int64_t tiles, const bf16* const* b,
+               const float* const* scales, const float* bias, float* y, int64_t M, int64_t N,
+               int64_t m0, int64_t n0, float* c) {
+  constexpr int64_t stride = 64;  // bytes per tile row, in a and in the panels
+  const uint32_t* a0 = a + (m0 / 16) * tiles * 256;
+  const uint32_t* a1 = a0 + tiles * 256;
+  _tile_zero(0);
+  if (PB > 1) _tile_zero(1);
+  if (RA > 1) _tile_zero(2);
+  if (RA > 1 && PB > 1) _tile_zero(3);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t k = t * kTilePairs;
+    _tile_loadd(4, a0 + t * 256, stride);
+    _tile_loadd(6, b[0] + k * kStep, stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if (PB > 1) {
+      _tile_loadd(7, b[1] + k * kStep, stride);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (RA > 1) {
+      _tile_loadd(5, a1 + t * 256, stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if (PB > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  if (RA > 1 && PB > 1 && !bias && !scales[0] && m0 + 32 <= M && n0 + 32 <= N) {
+    float* out = y + m0 * N + n0;
+    const int64_t ldy = N * static_cast<int64_t>(sizeof(float));
+    _tile_stored(0, out, ldy);
+    _tile_stored(1, out + kPanel, ldy);
+    _tile_stored(2, out + 16 * N, ldy);
+    _tile_stored(3, out + 16 * N + kPanel, ldy);
+    return;
+  }
+  _tile_stored(0, c, 64);
+  if (PB > 1) _tile_stored(1, c + 256, 64);
+  if (RA > 1) _tile_stored(2, c + 512, 64);
+  if (RA > 1 && PB > 1) _tile_stored(3, c + 768, 64);
+  for (int pb = 0; pb < PB; ++pb) {
+    const int64_t n = n0 + pb * kPanel, left = std::min(kPanel, N - n);
+    const __mmask16 mask = left >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const __m512 add = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
+    const __m512 mul = scales[pb] ? _mm512_loadu_ps(scales[pb]) : _mm512_set1_ps(1.0f);
+    for (int ra = 0; ra < RA; ++ra) {
+      const float* tile = c + (2 * ra + pb) * 256;
+      for (int64_t i = 0; i < 16 && m0 + 16 * ra + i < M; ++i) {
+        _mm512_mask_storeu_ps(y + (m0 + 16 * ra + i) * N + n, mask,
+                              _mm512_fmadd_ps(_mm512_load_ps(tile + 16 * i), mul, add));
+      }
+    }
+  }
+}
+
+// Rows per pass over a thread's panels: the bf16 rows of a pass stay in L2
+// (896 rows of K = 576 are 1 MB) while each panel pair runs over them.
+constexpr int64_t kAmxChunkBytes = 1 << 20;
+
+template <typename W>
+void run_amx(const float* x, const W* wp, const float* bias, float* yp, int64_t M, int64_t N,
+             int64_t K, int64_t pairs, int64_t panels, int64_t stride) {
+  const int64_t tiles = (pairs + kTilePairs - 1) / kTilePairs, lda = tiles * kTilePairs;
+  const int64_t rows = (M + 15) / 16 * 16;
+  std::vector<uint32_t> a(rows * lda, 0);
+  rows_as_tiles(x, M, K, tiles, a.data());
+  const int64_t chunk = std::max<int64_t>(
+      32, kAmxChunkBytes / (lda * static_cast<int64_t>(sizeof(uint32_t))) / 32 * 32);
+  const int64_t blocks = (panels + 1) / 2;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    switchyard_xeon::amx::configure();
+    alignas(64) float c[4 * 256];
+    std::vector<bf16> buf(2 * lda * kStep);
+    for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+      const int64_t c1 = std::min(M, c0 + chunk);
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t p0 = 2 * blk;
+        const int PB = p0 + 1 < panels ? 2 : 1;
+        const bf16* b[2];
+        const float* scales[2] = {nullptr, nullptr};
+        for (int pb = 0; pb < PB; ++pb) {
+          const W* panel = wp + (p0 + pb) * stride;
+          b[pb] = tile_panel(panel, pairs, tiles, buf.data() + pb * lda * kStep);
+          if constexpr (std::is_same_v<W, int8_t>) {
+            scales[pb] = reinterpret_cast<const float*>(panel + pairs * kStep);
+          }
+        }
+        if (PB == 1) b[1] = b[0];
+        const int64_t n0 = p0 * kPanel;
+        for (int64_t m0 = c0; m0 < c1; m0 += 32) {
+          const bool tall = m0 + 16 < M;
+#define SY_AMX_BLOCK(RA, PB) \
+  amx_block<RA, PB>(a.data(), tiles, b, scales, bias, yp, M, N, m0, n0, c)
+          if (tall && PB == 2) SY_AMX_BLOCK(2, 2);
+          else if (tall) SY_AMX_BLOCK(2, 1);
+          else if (PB == 2) SY_AMX_BLOCK(1, 2);
+          else SY_AMX_BLOCK(1, 1);
+#undef SY_AMX_BLOCK
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+
+bool amx_ready() { return switchyard_xeon::amx::bf16_permitted(); }
+
+#else
+bool amx_ready() { return false; }
+#endif
 }  // namespace
 
 int64_t switchyard_xeon::dot_pairs(const at::Tensor& packed) {
@@ -288,10 +471,23 @@ at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor& x, const at:
   const int64_t M = x.size(0), K = x.size(1), pairs = dot_pairs(packed);
   TORCH_CHECK(pairs == (K + 1) / 2 && packed.is_contiguous(),
               "panel_linear: dot panels do not match x");
-  std::vector<uint32_t> pairs_of_x(M * pairs);
-  rows_as_pairs(x.data_ptr<float>(), M, K, pairs, pairs_of_x.data());
   at::Tensor y = at::empty({M, N}, x.options());
   const int64_t panels = packed.size(0), stride = packed.size(1) * kStep;
+  if (M == 0) return y;
+#if defined(SY_DOT_AMX)
+  if (M >= g_amx_rows.load(std::memory_order_relaxed) && amx_ready()) {
+    if (packed.scalar_type() == at::kChar) {
+      run_amx(x.data_ptr<float>(), packed.data_ptr<int8_t>(), bias, y.data_ptr<float>(), M, N,
+              K, pairs, panels, stride);
+    } else {
+      run_amx(x.data_ptr<float>(), packed.data_ptr<bf16>(), bias, y.data_ptr<float>(), M, N, K,
+              pairs, panels, stride);
+    }
+    return y;
+  }
+#endif
+  std::vector<uint32_t> pairs_of_x(M * pairs);
+  rows_as_pairs(x.data_ptr<float>(), M, K, pairs, pairs_of_x.data());
   if (packed.scalar_type() == at::kChar) {
     run_dot(pairs_of_x.data(), packed.data_ptr<int8_t>(), bias, y.data_ptr<float>(), M, N, pairs,
             panels, stride);
@@ -302,9 +498,27 @@ at::Tensor switchyard_xeon::panel_linear_bf16_dot(const at::Tensor& x, const at:
   return y;
 }
 
+namespace {
+
+// The row count from which calls take AMX: set to `rows` when it is >= 0, and
+// returned; -1 when this build or this process has no AMX-BF16.
+int64_t bf16_amx_rows(int64_t rows) {
+#if defined(SY_DOT_AMX)
+  if (!amx_ready()) return -1;
+  if (rows >= 0) g_amx_rows.store(rows, std::memory_order_relaxed);
+  return g_amx_rows.load(std::memory_order_relaxed);
+#else
+  (void)rows;
+  return -1;
+#endif
+}
+
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(switchyard_xeon, m) {
   m.def("pack_panels_bf16_dot(Tensor weight) -> Tensor");
   m.def("pack_panels_int8_dot(Tensor weight, Tensor scale) -> Tensor");
+  m.def("bf16_amx_rows(int rows) -> int", &bf16_amx_rows);
 }
 
 TORCH_LIBRARY_IMPL(switchyard_xeon, CPU, m) {

@@ -51,10 +51,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SY_W8A8_VNNI 1
 #endif
-#if defined(SY_W8A8_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include "amx.h"
+#if defined(SY_W8A8_VNNI) && defined(SY_AMX_TILE) && defined(__AMX_INT8__)
 #define SY_W8A8_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 #if defined(__AVX2__)
 #define SY_W8A8_AVX2 1
@@ -390,33 +389,6 @@ void run_vnni(const uint8_t* xu, int64_t M, const Layout& l, const Out& o) {
 #endif
 
 #if defined(SY_W8A8_AMX)
-struct alignas(64) TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-bool amx_permitted() {
-  // Linux hands out the AMX tile state only to processes that ask for it.
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                 18 /* XFEATURE_XTILEDATA */) == 0;
-  return ok;
-}
-
-// Tiles 0-3: C (16 rows x 16 int32); 4, 5: A (16 rows x 64 u8); 6, 7: B (16 lines x 64 s8).
-void amx_configure() {
-  TileConfig c;
-  std::memset(&c, 0, sizeof(c));
-  c.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.colsb[t] = 64;
-  }
-  _tile_loadconfig(&c);
-}
-
 // Rows m0..m0 + 16 RA, panels p0..p0 + PB: RA A tiles x PB B tiles over all of K.
 template <int RA, int PB>
 void amx_block(const uint8_t* xu, int64_t M, const Layout& l, int64_t p0, int64_t m0,
@@ -461,7 +433,7 @@ void amx_block(const uint8_t* xu, int64_t M, const Layout& l, int64_t p0, int64_
 void run_amx(const uint8_t* xu, int64_t M, const Layout& l, const Out& o) {
   const int64_t pairs = (l.panels + 1) / 2;
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
-    amx_configure();
+    switchyard_xeon::amx::configure();
     alignas(64) int32_t c[4 * 256];
     for (int64_t pp = begin; pp < end; ++pp) {
       const int64_t p0 = 2 * pp;
@@ -482,7 +454,7 @@ void run_amx(const uint8_t* xu, int64_t M, const Layout& l, const Out& o) {
 bool have(int64_t path) {
   switch (path) {
 #if defined(SY_W8A8_AMX)
-    case kAmx: return amx_permitted();
+    case kAmx: return switchyard_xeon::amx::permitted();
 #endif
 #if defined(SY_W8A8_VNNI)
     case kVnni: return true;
