@@ -53,7 +53,7 @@ def main() -> None:
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
     try:
-        time.sleep(1)  # the neighbours are running before the first token
+        time.sleep(2.5)  # the neighbours run, and the engine has seen them (two 1 s windows)
         busy = min(_gap_ms(args.url, args.tokens) for _ in range(args.trials))
     finally:
         for hog in hogs:

@@ -45,6 +45,7 @@ from switchyard_xeon import (
     quantized,
     vision,
 )
+from switchyard_xeon import options as read_options
 from switchyard_xeon.admission import Admission, max_total_reason, resolve_limits
 from switchyard_xeon.block_manager import BlockManager
 from switchyard_xeon.decoder import (
@@ -91,6 +92,11 @@ class ComputeThread:
     threads: int
     bind: bool
     """Pin the thread to ``placement.cpus`` (multi-node machines, threads within the node)."""
+    why: str = ""
+    """Where ``threads`` came from (the cores, a cgroup quota, the option), for the log."""
+    share: bool = False
+    """Lower the thread count while other processes use the engine's CPUs
+    (:class:`~switchyard_xeon.cpu_share.CpuShare`)."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +133,19 @@ def place_compute_thread(config: EngineConfig) -> ComputeThread:
     """
     cpu = machine.read_cpu_info()
     placement = machine.choose_cpus()
+    budget, why = machine.thread_budget(placement, machine.cgroup_cpu_limit())
     try:
-        threads = int(config.options.get("num_threads", 0) or placement.physical_cores)
+        given = int(config.options.get("num_threads", 0) or 0)
     except ValueError:
         raise EngineStartError("xeon option num_threads must be an integer") from None
+    threads, why = (given, "num_threads option") if given > 0 else (budget, why)
     # Pin only on multi-node machines, and only when the threads fit the node's cores:
     # more threads pinned to one node would share its cores while other nodes sit idle.
     bind = placement.should_bind and threads <= placement.physical_cores
-    return ComputeThread(cpu, placement, detect_acceleration(), threads, bind)
+    # A count the operator gave is kept; the default follows what other processes leave.
+    share = (read_options.flag(config.options, "share_cpus", True) and given <= 0
+             and threads > 1)
+    return ComputeThread(cpu, placement, detect_acceleration(), threads, bind, why, share)
 
 
 def bind_compute_thread(placed: ComputeThread) -> None:
@@ -149,9 +160,11 @@ def bind_compute_thread(placed: ComputeThread) -> None:
                            machine.format_cpulist(placement.cpus), exc)
     # Intra-op thread settings are per thread for OpenMP: this is the compute thread.
     torch.set_num_threads(threads)
-    logger.info("xeon: %s: %d torch thread%s on %s%s; kernels: %s", placed.cpu.describe(),
-                threads, "" if threads == 1 else "s", placement.describe(),
-                ", compute thread bound to them" if bind else "", placed.acceleration.describe())
+    logger.info("xeon: %s: %d torch thread%s (%s%s) on %s%s; kernels: %s",
+                placed.cpu.describe(), threads, "" if threads == 1 else "s", placed.why,
+                "; fewer while other processes use these CPUs" if placed.share else "",
+                placement.describe(), ", compute thread bound to them" if bind else "",
+                placed.acceleration.describe())
 
 
 def assemble(config: EngineConfig, method: QuantizationMethod | None,

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Sequence as Seq
 
+import torch
 from switchyard_engine.compute_loop import ComputeLoop, Step
 from switchyard_engine.lora.bank import AdapterBank
 from switchyard_engine.sampling import SampledToken
@@ -49,6 +50,7 @@ from switchyard_spec import (
 
 from switchyard_xeon import assembly, machine, quantized
 from switchyard_xeon.admission import Admission
+from switchyard_xeon.cpu_share import CpuShare
 from switchyard_xeon.events import record_results
 from switchyard_xeon.ipex_support import Acceleration
 from switchyard_xeon.lora import XeonAdapters
@@ -93,6 +95,7 @@ class XeonEngine(ComputeLoop[Sequence]):
         self._cache_stats = CacheStats()
         self._quantization: QuantizationMethod | None = None
         self._adapters: XeonAdapters | None = None
+        self._share: CpuShare | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> ModelInfo:
@@ -121,6 +124,8 @@ class XeonEngine(ComputeLoop[Sequence]):
         placed = assembly.place_compute_thread(self.config)
         self.placement, self.acceleration = placed.placement, placed.acceleration
         assembly.bind_compute_thread(placed)
+        self._share = (CpuShare(placed.placement.cpus, placed.threads) if placed.share
+                       else None)
         parts = assembly.assemble(self.config, self._quantization, placed)
         self.info = parts.info
         self._runner, self._scheduler, self._admission = (
@@ -220,6 +225,8 @@ class XeonEngine(ComputeLoop[Sequence]):
 
     def _next_step(self) -> Step[Sequence] | None:
         assert self._scheduler is not None and self._runner is not None
+        if self._share is not None:
+            self._follow_cpu_share(self._share)
         batch = self._batch = self._scheduler.schedule()
         if not batch:
             return None
@@ -230,6 +237,15 @@ class XeonEngine(ComputeLoop[Sequence]):
         return Step(seqs=batch, run=lambda: runner.step(batch),
                     method="decode" if not prefill else "prefill" if not decodes else "mixed",
                     prefill_tokens=prefill, decode_tokens=decodes)
+
+    def _follow_cpu_share(self, share: CpuShare) -> None:
+        """Set the torch threads to what other processes leave of the engine's CPUs."""
+        threads = share.poll()
+        if threads is not None:
+            torch.set_num_threads(threads)  # this is the compute thread: its OpenMP team
+            logger.info("xeon: %d of %d torch threads: other processes used %.1f of CPUs %s",
+                        threads, share.limit, share.others,
+                        machine.format_cpulist(share.cpus))
 
     def _record(self, step: Step[Sequence], results: Seq[SampledToken | None]) -> None:
         assert self._scheduler is not None

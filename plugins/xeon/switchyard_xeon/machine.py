@@ -11,6 +11,7 @@ may use.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -224,3 +225,31 @@ def available_memory_bytes(path: str = "/proc/meminfo") -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2's CPU quota of this process's group: "max 100000" or "<quota> <period>"."""
+
+
+def cgroup_cpu_limit(path: str = CGROUP_CPU_MAX) -> float | None:
+    """The CPUs' worth of time the cgroup's quota allows (``quota / period``), or None
+    when there is no quota (``max``) or no cgroup v2 file to read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            quota, _, period = fh.read().strip().partition(" ")
+        if quota == "max":
+            return None
+        return int(quota) / int(period or 100000)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def thread_budget(placement: CpuPlacement, quota: float | None) -> tuple[int, str]:
+    """The default torch thread count, and why: the placement's physical cores, capped
+    by the cgroup quota (rounded up: a quota of 1.5 CPUs still runs two threads part
+    of the time, and fewer threads would leave it unused)."""
+    cores = max(1, placement.physical_cores)
+    if quota is None or quota >= cores:
+        return cores, f"{cores} physical core{'s' if cores != 1 else ''}"
+    capped = max(1, math.ceil(quota - 1e-9))
+    return capped, f"cgroup CPU quota of {quota:g} CPUs over {cores} physical cores"
