@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from switchyard_spec import EngineConfig
 from switchyard_xeon import machine
