@@ -246,6 +246,31 @@ def test_bf16_on_dot_panels_matches_generate_with_bf16_matmuls(family_model, cap
             engine.shutdown()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_long_prefill_chunks_on_sdpa_keep_generate_tokens(family_model, caplog, dtype):
+    """Sequences with many query-key pairs leave the prefill kernel for SDPA (fp32, or bf16
+    under bf16 matmuls). A low threshold (400 pairs) splits the steps of these prompts
+    (16-token chunks) between the two: greedy tokens stay ``generate``'s (bf16: up to
+    near ties against the bf16-matmul reference)."""
+    kernel_paths.require("paged_prefill")
+    if dtype == "bfloat16":
+        kernel_paths.require("panel_dot bf16")
+    folder, model = family_model
+    prompts = [[t % 500 + 1 for t in prompt_of(n, start=s)] for n, s in ((60, 1), (6, 2), (33, 3))]
+    with caplog.at_level("INFO", logger="switchyard.xeon"):
+        engine = started_engine(folder, dtype=dtype, sdpa_prefill_pairs="400")
+    try:
+        assert (f"sequences of 400 query-key pairs or more take SDPA in {dtype}"
+                in caplog.text)
+        got = engine_tokens(engine, prompts, 10)
+    finally:
+        engine.shutdown()
+    if dtype == "float32":
+        assert got == transformers_greedy(model, prompts, 10)
+    else:
+        assert_greedy_near(with_bf16_matmuls(model), prompts, got, 10)
+
+
 def test_row_blocks_cover_the_rows_in_near_equal_slices():
     assert row_blocks(7, 8) == [None]
     assert row_blocks(8, 8) == [None]

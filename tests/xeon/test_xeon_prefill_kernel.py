@@ -9,10 +9,12 @@ parity through them (chunked prefill, windows, four families) is in
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-from switchyard_xeon.attention import StepMetadata, attend_packed
+from switchyard_xeon.attention import PrefillRows, StepMetadata, attend_packed
 from switchyard_xeon.kernels import load_kernels
 from switchyard_xeon.kv_cache import CacheShape, PagedKVCache
 
@@ -49,20 +51,30 @@ def naive_prefill(q, k_pool, v_pool, tables, lens, starts, counts, scale, window
     return out
 
 
-def sdpa_prefill(q, k_pool, v_pool, tables, lens, starts, counts, scale, window):
-    """The engine's path without the native kernel: its attention over a one-layer cache."""
+def sdpa_prefill(q, k_pool, v_pool, tables, lens, starts, counts, scale, window,
+                 by_kernel: list[bool] | None = None, sdpa_dtype: torch.dtype | None = None):
+    """The engine's path without the native kernel: its attention over a one-layer cache.
+
+    With ``by_kernel``, the engine's split for long prompts: the native kernel takes
+    the sequences marked True in one call, SDPA (in ``sdpa_dtype``) the others."""
     kv_heads, blocks, block, dim = k_pool.shape
     cache = PagedKVCache(CacheShape(1, kv_heads, dim), k_pool.dtype, blocks, block)
     cache.keys[0], cache.values[0] = k_pool, v_pool
-    spans, used, own = [], [], []
+    spans, used = [], []
     for s in range(len(lens)):
         width = -(-int(lens[s]) // block)
         spans.append((len(used), width))
         used += tables[s, :width].tolist()
+    pre = None
+    if by_kernel is not None:
+        mine = torch.tensor([i for i, k in enumerate(by_kernel) if k])
+        pre = PrefillRows(load_kernels().prefill, tables[mine].contiguous(), lens[mine],
+                          starts[mine], counts[mine])
     step = StepMetadata(cache=cache, slots=torch.empty(0, dtype=torch.long),
                         blocks=torch.tensor(used, dtype=torch.long), spans=spans,
                         context_lens=[int(n) for n in lens], query_lens=[int(n) for n in counts],
-                        offsets=[int(n) for n in starts])
+                        offsets=[int(n) for n in starts], prefill=pre, by_kernel=by_kernel,
+                        sdpa_dtype=sdpa_dtype)
     # The new keys and values are read from the cache (every sequence has a span), not these.
     unused = torch.empty(kv_heads, q.shape[0], dim)
     return attend_packed(0, q.transpose(0, 1), unused, unused, step, scale, window or None)
@@ -82,14 +94,24 @@ def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[in
             torch.tensor(counts, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("path", ["paged_prefill", "sdpa"])
+@pytest.mark.parametrize("path", ["paged_prefill", "sdpa", "split", "split-bf16"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("window", [0, 3, 40])
 def test_prefill_attention_matches_the_definition(path, pool_dtype, dim, window):
+    """``split``: the engine's long-prompt routing, kernel and SDPA in one step; in bf16
+    (``split-bf16``, the bf16-matmul engine's choice) SDPA rounds queries and weights."""
+    tolerance = 2e-5
     if path == "paged_prefill":
         kernel_paths.require("paged_prefill")
         attend = load_kernels().prefill
+    elif path.startswith("split"):
+        kernel_paths.require("paged_prefill")
+        bf16 = path == "split-bf16"
+        if bf16:
+            tolerance = 3e-2
+        attend = partial(sdpa_prefill, by_kernel=[False, True, False, True, False],
+                         sdpa_dtype=torch.bfloat16 if bf16 else None)
     else:
         attend = sdpa_prefill
     gen = torch.Generator().manual_seed(dim + window)
@@ -100,7 +122,7 @@ def test_prefill_attention_matches_the_definition(path, pool_dtype, dim, window)
     args = (q, k, v, tables, lens_t, starts, counts_t, dim**-0.5, window)
     got, want = attend(*args), naive_prefill(*args)
     for (row, head), value in want.items():
-        torch.testing.assert_close(got[row, head].double(), value, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(got[row, head].double(), value, atol=tolerance, rtol=1e-4)
 
 
 def test_prefill_kernel_rejects_bad_inputs(prefill):

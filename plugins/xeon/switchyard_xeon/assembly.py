@@ -219,16 +219,21 @@ def assemble(config: EngineConfig, method: QuantizationMethod | None,
     prefill = load_kernels().prefill if (
         kernel is not None and dtype == torch.float32
         and shape.head_dim in attention.PREFILL_HEAD_DIMS) else None
+    long_prefill = choose_long_prefill(config.options, loaded.model, precision,
+                                       alibi=alibi_forward is not None)
     runner: ModelRunner
     if cache is None:
         fallback = vision.VisionRunner if kind is not None else FallbackRunner
         runner = fallback(loaded.model, blocks)
     else:
-        logger.info("prefill attention: %s", "native paged kernel (C++)"
-                    if prefill is not None else "SDPA per sequence")
+        logger.info("prefill attention: %s", (
+            "SDPA per sequence" if prefill is None else "native paged kernel (C++)" + (
+                f"; sequences of {long_prefill.pairs:,} query-key pairs or more take SDPA in "
+                f"{str(long_prefill.dtype).removeprefix('torch.')}"
+                if long_prefill is not None else "")))
         runner = (vision.PagedVisionRunner(forward, cache, blocks, loaded.model, kernel,
                                            prefill) if kind is not None
-                  else ModelRunner(forward, cache, blocks, kernel, prefill))
+                  else ModelRunner(forward, cache, blocks, kernel, prefill, long_prefill))
     speculate = SpeculationConfig.from_options(config.options)
     if speculate.enabled and (cache is None or kind is not None):
         raise EngineStartError(
@@ -444,6 +449,23 @@ def convert_layers(model: torch.nn.Module, config: EngineConfig,
         logger.info("--quantize %s: %s", method.name, fp8_linears.pack_fp8_linears(
             model, method, statistics, config.options))
     return statistics
+
+
+SDPA_PREFILL_PAIRS = 512 * 512
+"""Query-key pairs from which a prefill sequence leaves the native kernel for SDPA
+(:class:`~switchyard_xeon.attention.LongPrefill`): a 512-token prompt."""
+
+
+def choose_long_prefill(options: dict[str, str], model: torch.nn.Module, precision: Precision,
+                        alibi: bool) -> attention.LongPrefill | None:
+    """Which prefill sequences take SDPA instead of the native kernel (option
+    ``sdpa_prefill_pairs``, 0: none). Not for soft-capped or ALiBi attention, which
+    SDPA cannot express and the kernel computes exactly."""
+    pairs = int(read_options.number(options, "sdpa_prefill_pairs", int, SDPA_PREFILL_PAIRS, 0))
+    softcap = getattr(getattr(model, "config", None), "attn_logit_softcapping", None)
+    if not pairs or alibi or softcap:
+        return None
+    return attention.LongPrefill(pairs, torch.bfloat16 if precision.bf16_dot else torch.float32)
 
 
 def fast_path(model: torch.nn.Module, options: dict[str, str], cpu_flags: frozenset[str],

@@ -69,6 +69,27 @@ class PrefillRows:
     counts: torch.Tensor
 
 
+@dataclass(frozen=True)
+class LongPrefill:
+    """Which prefill sequences leave the native kernel for SDPA, and in what dtype.
+
+    The native prefill kernel computes each query row's scores one key at a
+    time: fast for the short prompts of a busy batch (it takes them all in one
+    call), slow for long ones, whose work grows as query rows x context. There
+    PyTorch's SDPA (a tiled flash kernel over BLAS-style block products, AMX
+    tiles in bf16 where the CPU has them) wins: on the 135M shape's heads
+    (2-core Sapphire Rapids VM) 1,024 queries over 6,000 keys took 250 ms in
+    the kernel, 181 ms in fp32 SDPA, 56 ms in bf16 SDPA; 512 over 512 took 4.9,
+    3.1 and 1.9 ms; 128 over 128, 0.3 and 0.2.
+    """
+
+    pairs: int
+    """A sequence with at least this many query-key pairs (new tokens x context) takes SDPA."""
+    dtype: torch.dtype
+    """SDPA's dtype: bf16 under bf16 matmuls (queries rounded as every matmul input is;
+    the cache holds bf16 keys and values), else fp32."""
+
+
 PREFILL_HEAD_DIMS = (64, 128)
 """Head sizes the native prefill kernel is built for (fp32 queries only): the
 engine hands the runner that kernel only for such models; others take SDPA."""
@@ -97,10 +118,16 @@ class StepMetadata:
     offsets: list[int]
     decode: DecodeRows | None = None
     prefill: PrefillRows | None = None
-    """Set when the engine runs the native prefill kernel: the lists' sequences, as it takes them."""
+    """Set when the engine runs the native prefill kernel: the lists' sequences it
+    takes (all of them unless ``by_kernel`` says otherwise)."""
     lora: StepLora | NativeLora | None = None
     """Set when any row of the step runs with a LoRA adapter: each row's group and the
     adapters' matrices (the decoder adds their deltas after each projection)."""
+    by_kernel: list[bool] | None = None
+    """Per sequence of the lists: whether ``prefill`` computes it; the others take SDPA
+    in ``sdpa_dtype`` (:class:`LongPrefill`). None: the kernel, if any, takes them all."""
+    sdpa_dtype: torch.dtype | None = None
+    """The dtype SDPA runs the lists' sequences in; None: the queries' own."""
 
 
 def register() -> str:
@@ -178,8 +205,9 @@ def attend_packed(
         o = dec.kernel(qd, cache.keys[layer], cache.values[layer], dec.tables, dec.lens,
                        scale, window, cap, alibi_slopes)
     pre = step.prefill
+    routed = step.by_kernel
     if pre is not None:
-        # Every other sequence in one call over the cache, which holds their new keys too.
+        # The kernel's sequences in one call over the cache, which holds their new keys too.
         window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
         out = pre.kernel(_dense_heads(q.transpose(0, 1)), cache.keys[layer], cache.values[layer],
@@ -187,24 +215,30 @@ def attend_packed(
                          cap, alibi_slopes)
         if dec is not None:
             out.index_copy_(0, dec.rows, o)
-        return out
-    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
-    if dec is not None:
-        out.index_copy_(0, dec.rows, o)
+        if routed is None or all(routed):
+            return out
+    else:
+        out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
+        if dec is not None:
+            out.index_copy_(0, dec.rows, o)
+    # Gathered straight into the dtype SDPA runs in: a bf16 cache feeds bf16 SDPA as it is.
+    work = step.sdpa_dtype or q.dtype
     if len(step.blocks):
-        cached_k, cached_v = (t.to(q.dtype) for t in cache.gather(layer, step.blocks))
-    for span, length, n, off in zip(
+        cached_k, cached_v = (t.to(work) for t in cache.gather(layer, step.blocks))
+    for i, (span, length, n, off) in enumerate(zip(
         step.spans, step.context_lens, step.query_lens, step.offsets, strict=True
-    ):
+    )):
+        if pre is not None and (routed is None or routed[i]):
+            continue  # the kernel's
         if span is None:  # nothing cached before: its own new keys are its whole context
             keys, values = k[:, off : off + n], v[:, off : off + n]
             if cache.dtype != q.dtype:  # as the cache holds them, as later steps read them
-                keys, values = (t.to(cache.dtype).to(q.dtype) for t in (keys, values))
+                keys, values = (t.to(cache.dtype).to(work) for t in (keys, values))
         else:
             keys = context(cached_k, span[0], span[1], length)
             values = context(cached_v, span[0], span[1], length)
         result = _attend(q[:, off : off + n], keys, values, scaling, sliding_window,
-                         cap, alibi_slopes)
+                         cap, alibi_slopes, step.sdpa_dtype)
         out[off : off + n] = result.transpose(0, 1)
     return out
 
@@ -224,11 +258,18 @@ def _attend(
     window: int | None,
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One sequence: q [heads, n, d] over k/v [kv_heads, L, d] whose last n rows are q's own.
 
     ``softcap`` > 0 and ``alibi_slopes`` as :func:`attend_packed` takes them.
+    ``dtype``: the prefill SDPA calls run in it (the result comes back in q's).
     """
+    if dtype is not None and dtype != q.dtype:
+        if softcap > 0 or alibi_slopes is not None:  # written-out scores: in q's dtype
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        else:
+            return _attend(q.to(dtype), k.to(dtype), v.to(dtype), scale, window).to(q.dtype)
     heads, n, dim = q.shape
     kv_heads, length, _ = k.shape
     if window is not None and window > 0 and length > window and n == 1:

@@ -28,7 +28,7 @@ from switchyard_engine.speculation.acceptance import accept_matching, accept_rej
 from switchyard_spec import EngineStartError, TopToken
 
 from switchyard_xeon import alibi_attention
-from switchyard_xeon.attention import DecodeRows, PrefillRows, StepMetadata
+from switchyard_xeon.attention import DecodeRows, LongPrefill, PrefillRows, StepMetadata
 from switchyard_xeon.block_manager import BlockManager, blocks_for
 from switchyard_xeon.decoder import PackedForward
 from switchyard_xeon.kernels import PagedDecodeFn, PagedPrefillFn, load_kernels
@@ -232,12 +232,15 @@ class ModelRunner:
 
     def __init__(self, forward: PackedForward, cache: PagedKVCache, blocks: BlockManager,
                  decode_kernel: PagedDecodeFn | None = None,
-                 prefill_kernel: PagedPrefillFn | None = None) -> None:
+                 prefill_kernel: PagedPrefillFn | None = None,
+                 long_prefill: LongPrefill | None = None) -> None:
         self._forward = forward
         self.cache = cache
         self.blocks = blocks
         self.decode_kernel = decode_kernel
         self.prefill_kernel = prefill_kernel
+        self.long_prefill = long_prefill if prefill_kernel is not None else None
+        """Which sequences leave the prefill kernel for SDPA (None: none do)."""
         self.device = cache.device
         self.adapters: XeonAdapters | None = None
         """The engine's LoRA adapters (:mod:`switchyard_xeon.lora`); None: the model has none."""
@@ -337,7 +340,12 @@ class ModelRunner:
         dec_tables: list[list[int]] = []
         dec_lens: list[int] = []
         pre_tables: list[list[int]] = []
+        pre_lens: list[int] = []
+        pre_starts: list[int] = []
+        pre_counts: list[int] = []
+        by_kernel: list[bool] = []
         size = self.blocks.block_size
+        long = self.long_prefill
         for seq in seqs:
             start, n = seq.num_cached, seq.num_scheduled
             off = len(ids)
@@ -363,15 +371,22 @@ class ModelRunner:
             lens.append(n)
             context_lens.append(start + n)
             offsets.append(off)
-            if self.prefill_kernel is not None:
+            kernel = self.prefill_kernel is not None and (long is None or n * (start + n) < long.pairs)
+            by_kernel.append(kernel)
+            if kernel:
                 pre_tables.append(self.blocks.table(seq.seq_id)[: blocks_for(start + n, size)])
+                pre_lens.append(start + n)
+                pre_starts.append(off)
+                pre_counts.append(n)
         meta = StepMetadata(
             self.cache, torch.tensor(slots, device=self.device),
             torch.tensor(blocks, dtype=torch.long, device=self.device), spans,
             context_lens, lens, offsets, self._decode_rows(dec_rows, dec_tables, dec_lens, len(ids)),
-            self._prefill_rows(pre_tables, context_lens, offsets, lens),
+            self._prefill_rows(pre_tables, pre_lens, pre_starts, pre_counts),
             # Each row's adapter group (None when every row runs the base model).
             self.adapters.step(seqs) if self.adapters is not None else None,
+            by_kernel=None if all(by_kernel) else by_kernel,
+            sdpa_dtype=long.dtype if long is not None else None,
         )
         if keep is None:
             keep = last
