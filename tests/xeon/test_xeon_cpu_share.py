@@ -4,6 +4,7 @@ other processes leave, measured and followed by the engine between steps."""
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,13 @@ def test_thread_count_changes_no_token(default_model_path, dtype):
         finally:
             engine.shutdown()
     assert runs[0] == runs[1]
+
+
+def test_freed_buffers_are_kept_for_the_next_step():
+    """On glibc the engine raises the mmap and trim thresholds (and says so); with another
+    C library it leaves the allocator alone and says nothing."""
+    said = machine.keep_freed_memory()
+    if platform.libc_ver()[0] == "glibc":
+        assert said == "glibc keeps freed buffers below 256 MiB for reuse (up to 1 GiB)"
+    else:
+        assert said == ""

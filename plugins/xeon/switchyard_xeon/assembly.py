@@ -97,6 +97,8 @@ class ComputeThread:
     share: bool = False
     """Lower the thread count while other processes use the engine's CPUs
     (:class:`~switchyard_xeon.cpu_share.CpuShare`)."""
+    keep_freed: bool = True
+    """Keep freed activation buffers for reuse (:func:`~switchyard_xeon.machine.keep_freed_memory`)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ def place_compute_thread(config: EngineConfig) -> ComputeThread:
     # A count the operator gave is kept; the default follows what other processes leave.
     share = (read_options.flag(config.options, "share_cpus", True) and given <= 0
              and threads > 1)
-    return ComputeThread(cpu, placement, detect_acceleration(), threads, bind, why, share)
+    keep = read_options.flag(config.options, "keep_freed_memory", True)
+    return ComputeThread(cpu, placement, detect_acceleration(), threads, bind, why, share, keep)
 
 
 def bind_compute_thread(placed: ComputeThread) -> None:
@@ -160,6 +163,10 @@ def bind_compute_thread(placed: ComputeThread) -> None:
                            machine.format_cpulist(placement.cpus), exc)
     # Intra-op thread settings are per thread for OpenMP: this is the compute thread.
     torch.set_num_threads(threads)
+    if placed.keep_freed:
+        kept = machine.keep_freed_memory()
+        if kept:
+            logger.info("xeon: memory: %s", kept)
     logger.info("xeon: %s: %d torch thread%s (%s%s) on %s%s; kernels: %s",
                 placed.cpu.describe(), threads, "" if threads == 1 else "s", placed.why,
                 "; fewer while other processes use these CPUs" if placed.share else "",

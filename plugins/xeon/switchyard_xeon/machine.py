@@ -253,3 +253,35 @@ def thread_budget(placement: CpuPlacement, quota: float | None) -> tuple[int, st
         return cores, f"{cores} physical core{'s' if cores != 1 else ''}"
     capped = max(1, math.ceil(quota - 1e-9))
     return capped, f"cgroup CPU quota of {quota:g} CPUs over {cores} physical cores"
+
+
+MMAP_THRESHOLD = 256 << 20
+"""Allocations below this come from glibc's heap, not fresh ``mmap`` pages."""
+TRIM_THRESHOLD = 1 << 30
+"""Free heap memory glibc keeps for reuse before it returns any to the system."""
+
+
+def keep_freed_memory() -> str:
+    """Make glibc reuse freed activation buffers instead of mapping fresh pages each step.
+
+    By default glibc serves a large allocation (a prefill step's activations: 12 MB
+    for the 135M shape's gate|up at 1,024 rows) with a fresh ``mmap`` and unmaps it
+    on free, so the next step takes a page fault and a zeroed page for every 4 KB
+    it writes. Raising the mmap threshold (to 256 MiB) and the trim threshold (to
+    1 GiB) keeps those buffers in the heap for the next step: a 1,024-token prefill
+    step of the 135M shape took 0.32 s instead of 0.39 (2-core Sapphire Rapids VM).
+    The cost: up to 1 GiB of freed memory stays with the process. Returns what was
+    done, for the log ('' where the C library is not glibc).
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return ""
+    # M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1 (malloc.h); mallopt returns 1 on success.
+    if mallopt(-3, MMAP_THRESHOLD) != 1 or mallopt(-1, TRIM_THRESHOLD) != 1:
+        return ""
+    return (f"glibc keeps freed buffers below {MMAP_THRESHOLD >> 20} MiB for reuse "
+            f"(up to {TRIM_THRESHOLD >> 30} GiB)")
