@@ -217,7 +217,8 @@ def test_engine_start_logs_and_exposes_the_selection(default_model_path, caplog)
         (line,) = [r.getMessage() for r in caplog.records
                    if r.getMessage().startswith("xeon: ") and " torch thread" in r.getMessage()]
         # TEST_OPTIONS sets num_threads=1: the option still overrides the node's core count.
-        assert f": 1 torch thread on {engine.placement.describe()}" in line
+        assert (f": 1 torch thread (num_threads option) on {engine.placement.describe()}"
+                in line)
         assert line.endswith(f"; kernels: {engine.acceleration.describe()}")
         assert "kernels: stock PyTorch (" in line
     finally:
