@@ -106,7 +106,8 @@ class StepMetadata:
     ``slots[t]`` is the cache slot of packed token ``t``. A sequence with
     context cached before this step reads it from ``blocks`` (every such
     sequence's blocks, back to back): ``spans[i]`` is (first, count) there; a
-    sequence with none (``spans[i]`` None) attends over its new tokens alone.
+    sequence with none (``spans[i]`` None) attends over its new tokens alone. A
+    sequence the prefill kernel takes reads its context in place: its span is None.
     """
 
     cache: PagedKVCache

@@ -362,7 +362,11 @@ class ModelRunner:
                 dec_tables.extend([table] * n)
                 dec_lens.extend(range(start + 1, start + n + 1))
                 continue
-            if start:  # context from earlier steps (or the prefix cache): read from blocks
+            # The prefill kernel reads its sequences' context in place; SDPA (a long
+            # sequence's, or every one's without the kernel) from gathered blocks.
+            kernel = self.prefill_kernel is not None and (
+                long is None or n * (start + n) < long.pairs)
+            if start and not kernel:  # context from earlier steps (or the prefix cache)
                 count = blocks_for(start + n, size)
                 spans.append((len(blocks), count))
                 blocks.extend(self.blocks.table(seq.seq_id)[:count])
@@ -371,7 +375,6 @@ class ModelRunner:
             lens.append(n)
             context_lens.append(start + n)
             offsets.append(off)
-            kernel = self.prefill_kernel is not None and (long is None or n * (start + n) < long.pairs)
             by_kernel.append(kernel)
             if kernel:
                 pre_tables.append(self.blocks.table(seq.seq_id)[: blocks_for(start + n, size)])
