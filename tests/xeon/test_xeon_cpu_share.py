@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,27 @@ def test_freed_buffers_are_kept_for_the_next_step():
         assert said == "glibc keeps freed buffers below 256 MiB for reuse (up to 1 GiB)"
     else:
         assert said == ""
+
+
+def test_an_idle_engine_does_not_spin(default_model_path):
+    """Between requests the compute thread blocks on its inbox and the OpenMP workers
+    sleep after libgomp's short spin: two idle seconds cost well under a tenth of a core."""
+    from switchyard_spec import EngineConfig
+    from switchyard_xeon.engine import XeonEngine
+
+    from tests.support.engine_requests import Collector, greedy_request, prompt_of
+
+    engine = XeonEngine(EngineConfig(model_path=str(default_model_path), dtype="float32",
+                                     options={"num_threads": "2"}))
+    engine.start()
+    try:
+        sink = Collector()
+        engine.submit(greedy_request("r", prompt_of(40, start=1), 8), sink)
+        sink.wait("r")
+        time.sleep(0.5)  # past libgomp's spin
+        wall, cpu = time.monotonic(), time.process_time()
+        time.sleep(2.0)
+        used = (time.process_time() - cpu) / (time.monotonic() - wall)
+    finally:
+        engine.shutdown()
+    assert used < 0.1, f"an idle engine used {used:.2f} of a core"
