@@ -94,14 +94,23 @@ def _case(gen: torch.Generator, pool_dtype: torch.dtype, dim: int, lens: list[in
             torch.tensor(counts, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("path", ["paged_prefill", "sdpa", "split", "split-bf16"])
+@pytest.mark.parametrize("path", ["paged_prefill", "sdpa", "sdpa-two-calls", "split",
+                                  "split-bf16"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("window", [0, 3, 40])
-def test_prefill_attention_matches_the_definition(path, pool_dtype, dim, window):
+def test_prefill_attention_matches_the_definition(path, pool_dtype, dim, window, monkeypatch):
     """``split``: the engine's long-prompt routing, kernel and SDPA in one step; in bf16
-    (``split-bf16``, the bf16-matmul engine's choice) SDPA rounds queries and weights."""
+    (``split-bf16``, the bf16-matmul engine's choice) SDPA rounds queries and weights.
+    ``sdpa-two-calls``: every chunk after cached context as big chunks take it, two
+    flash calls (prefix, then its own keys) merged by their log-sum-exps."""
     tolerance = 2e-5
+    if path == "sdpa-two-calls":
+        from switchyard_xeon import attention
+
+        if attention._FLASH_WITH_LSE is None:
+            pytest.skip("this torch has no CPU flash attention with log-sum-exps")
+        monkeypatch.setattr(attention, "SPLIT_FROM_PAIRS", 1)
     if path == "paged_prefill":
         kernel_paths.require("paged_prefill")
         attend = load_kernels().prefill
