@@ -53,12 +53,13 @@ def choose_crossover(model: torch.nn.Module, options: dict[str, str]) -> Crossov
     None where there is nothing to choose: no AMX here (or its check failed),
     or no linear of the model on the dot-product panels.
     """
+    # Read first, so that a bad value is refused on every machine, AMX or not.
+    override = read_options.number(options, "gemm_rows", int, -1, 0)
     if checks.amx_rows() < 0:
         return None
     linears = _dot_linears(model)
     if not linears:
         return None
-    override = read_options.number(options, "gemm_rows", int, -1, 0)
     if override >= 0:
         crossover = Crossover(int(min(override, NEVER)), "gemm_rows option")
     else:
